@@ -1,0 +1,1 @@
+"""Checks joining theory, solvers and empirics; the runner, report and CLI."""

@@ -1,0 +1,42 @@
+"""Sympy derivations of the identities the theory rests on (spec/theory.md §2.1, §4.1, §5.1).
+
+Each function derives a result symbolically and returns the derived expression, so tests and
+checks can compare it with the closed forms used numerically elsewhere.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+
+def am_gm_rescaling() -> tuple[sp.Expr, sp.Expr]:
+    """min_{s>0} λ(s²a² + c²/s²) = 2λac at s² = c/a (spec §2.1). Returns (minimiser s², minimum)."""
+    s, a, c, lam = sp.symbols("s a c lambda", positive=True)
+    f = lam * (s**2 * a**2 + c**2 / s**2)
+    (s_star,) = sp.solve(sp.diff(f, s), s)
+    return sp.simplify(s_star**2), sp.simplify(f.subs(s, s_star))
+
+
+def huber_piecewise_minimum() -> sp.Piecewise:
+    """min_{t≥0} (ρ − t)² + 2λt = h_λ(ρ) (spec §4.1): derived by cases on the stationary point.
+
+    The unconstrained minimiser is t = ρ − λ; it is feasible iff ρ ≥ λ, otherwise t = 0.
+    """
+    rho, lam, t = sp.symbols("rho lambda t", positive=True)
+    f = (rho - t) ** 2 + 2 * lam * t
+    (t_star,) = sp.solve(sp.diff(f, t), t)
+    inner = sp.expand(f.subs(t, t_star))
+    boundary = f.subs(t, 0)
+    return sp.Piecewise((boundary, rho <= lam), (inner, True))
+
+
+def dense_scalar_bias() -> tuple[sp.Expr, sp.Expr]:
+    """b* = λp/(1 − p) and the optimal value for the 1-D toy with p < 1/2, a ≥ 2λ (spec §5.1).
+
+    For b ∈ [0, λ] the zeros lie within λ (cost b²) and the actives beyond λ (cost
+    2λ(a − b) − λ²), so H(b) = (1 − p)b² + p(2λ(a − b) − λ²). Returns (b*, H(b*)).
+    """
+    b, lam, p, a = sp.symbols("b lambda p a", positive=True)
+    H = (1 - p) * b**2 + p * (2 * lam * (a - b) - lam**2)
+    (b_star,) = sp.solve(sp.diff(H, b), b)
+    return sp.simplify(b_star), sp.simplify(H.subs(b, b_star))

@@ -1,0 +1,62 @@
+"""Matplotlib PNG figures for the checks (headless Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from numpy.typing import NDArray  # noqa: E402
+
+
+def plot_wide_limit_2d(path: Path, panels: list[dict]) -> Path:
+    """Data, optimal bias b*, the λ-ball around it and one ray per atom, one panel per solution.
+
+    Each panel dict holds: title, X (2, N), b (2,), lam, atoms (2, k), assignment (N,).
+    """
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        X, b, lam = panel["X"], panel["b"], panel["lam"]
+        reach = np.max(np.linalg.norm(X - b[:, None], axis=0)) * 1.1
+        colours = plt.cm.tab10(np.arange(max(panel["atoms"].shape[1], 1)) % 10)
+        for k in range(panel["atoms"].shape[1]):
+            end = b + reach * panel["atoms"][:, k]
+            ax.plot([b[0], end[0]], [b[1], end[1]], color=colours[k], lw=1.2, alpha=0.8)
+        assigned = panel["assignment"]
+        ax.scatter(X[0, assigned < 0], X[1, assigned < 0], c="grey", s=28, label="within λ (no atom)")
+        for k in range(panel["atoms"].shape[1]):
+            on = assigned == k
+            ax.scatter(X[0, on], X[1, on], color=colours[k], s=28)
+        ax.add_patch(plt.Circle(tuple(b), lam, fill=False, ls="--", color="k", label="λ-ball"))
+        ax.plot(*b, marker="*", ms=14, color="k", ls="none", label="bias b")
+        ax.set_aspect("equal")
+        ax.set_title(panel["title"], fontsize=10)
+        ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_threshold_1d(path: Path, p: NDArray, curves: dict[float, dict[str, NDArray]]) -> Path:
+    """b* and the number of atoms of the wide-limit optimum against the firing probability p."""
+    fig, (ax_b, ax_n) = plt.subplots(1, 2, figsize=(10, 4))
+    for lam, curve in curves.items():
+        ax_b.plot(p, curve["b"], marker="o", ms=3, label=f"b*, λ = {lam}")
+        ax_b.plot(p[p < 0.5], lam * p[p < 0.5] / (1 - p[p < 0.5]), ls=":", color="k", lw=1)
+        ax_n.step(p, curve["n_atoms"], where="mid", label=f"λ = {lam}")
+    for ax in (ax_b, ax_n):
+        ax.axvline(0.5, color="grey", ls="--", lw=1)
+        ax.set_xlabel("firing probability p")
+        ax.legend(fontsize=8)
+    ax_b.set_ylabel("optimal bias b*  (dotted: λp/(1−p))")
+    ax_n.set_ylabel("atoms in the wide-limit optimum")
+    ax_n.set_yticks([0, 1, 2])
+    fig.suptitle("Dense scalar toy, active values U[1, 3]: one atom below p = 1/2, an antipodal pair above")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

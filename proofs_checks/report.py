@@ -1,0 +1,52 @@
+"""Writing results.json (atomically) and report.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON to a temporary file in the same directory, then rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fmt(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def write_report(path: Path, summary: dict[str, Any]) -> None:
+    """A Markdown report: the table, then per check prediction, measurement, tolerance, figures."""
+    results = summary["results"]
+    n_pass = sum(r["status"] == "pass" for r in results)
+    lines = [
+        "# dictcheck verification report",
+        "",
+        f"seed {summary['seed']}, quick={summary['quick']}: **{n_pass} passed, {len(results) - n_pass} failed**",
+        "",
+        "| check | status | seconds | spec |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{r['id']}` | {r['status'].upper()} | {r['seconds']:.2f} | {r['spec']} |" for r in results]
+    for r in results:
+        lines += ["", f"## `{r['id']}`: {r['title']}", "", f"*Spec:* {r['spec']}  ", f"*Status:* **{r['status'].upper()}**", ""]
+        lines += [f"- **Predicted:** {_fmt(r['predicted'])}", f"- **Measured:** {_fmt(r.get('measured'))}"]
+        lines += [f"- **Tolerance:** {_fmt(r.get('tolerance'))} — {r.get('tolerance_reason') or ''}"]
+        if r.get("finding"):
+            lines.append(f"- **Finding:** {r['finding']}")
+        if r.get("error"):
+            lines += ["", "```", r.get("traceback", r["error"]).rstrip(), "```"]
+        lines += [f"", *[f"![{fig}]({fig})" for fig in r.get("figures") or []]]
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,95 @@
+"""The doubly-nonnegative relaxation of program (3) (spec/theory.md §2.2–§2.3).
+
+    minimise  J(Q, b) = (λ/N) [ tr(X̃ (Q + λI)⁻¹ X̃ᵀ) + 1ᵀQ1 ]   over Q ⪰ 0, Q ≥ 0 (and b, if learned).
+
+The relaxation is tight for every N (spec §2.3: the certificate G = λ11ᵀ − RᵀR/λ lies in the dual
+cone at the optimum), so its value is the global optimum of objective (1) over all widths.
+tr(X̃ (Q + λI)⁻¹ X̃ᵀ) is cvxpy's ``matrix_frac(X̃ᵀ, Q + λI)``, which cvxpy turns into one
+Schur-complement LMI.
+
+Solvers: Clarabel by default, SCS as the fallback when Clarabel is missing or fails. Only the
+status "optimal" is accepted; anything else (infeasible, "optimal_inaccurate", a solver crash)
+raises :class:`DNNSolveError` naming the solvers tried and their statuses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import cvxpy as cp
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from theory.objective import q_program
+
+DEFAULT_SOLVERS: tuple[str, ...] = ("CLARABEL", "SCS")
+_SOLVER_OPTIONS: dict[str, dict[str, float | int]] = {
+    "CLARABEL": {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9},
+    "SCS": {"eps_abs": 1e-9, "eps_rel": 1e-9, "max_iters": 200_000},
+}
+
+
+class DNNSolveError(RuntimeError):
+    """Every solver tried failed or returned an inaccurate status."""
+
+
+@dataclass(frozen=True)
+class DNNSolution:
+    """Optimal value (mean over points), Q (balanced codes' Gram), b, and the solve record."""
+
+    objective: float
+    Q: NDArray[np.float64]
+    b: NDArray[np.float64]
+    status: str
+    solver: str
+    seconds: float
+    learned_bias: bool
+
+
+def solve_dnn(
+    X: NDArray, lam: float, *, b: ArrayLike | None = None, solvers: tuple[str, ...] = DEFAULT_SOLVERS
+) -> DNNSolution:
+    """Solve the DNN relaxation of (3) for data X (D, N). ``b=None`` learns the bias.
+
+    The returned ``objective`` is J re-evaluated in numpy at the returned (Q, b), so it does not
+    depend on the solver's internal scaling.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] == 0:
+        raise ValueError(f"X must have shape (D, N) with N >= 1, got {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X contains NaN or inf")
+    if not np.isfinite(lam) or lam <= 0:
+        raise ValueError(f"lam must be positive and finite, got {lam}")
+    D, N = X.shape
+    learned = b is None
+    Q = cp.Variable((N, N), symmetric=True)
+    bias = cp.Variable(D) if learned else np.asarray(b, dtype=np.float64).reshape(D)
+    Xc_t = X.T - cp.reshape(bias, (1, D), order="C") if learned else X.T - bias[None, :]
+    ones = np.ones(N)
+    objective = (lam / N) * (cp.matrix_frac(Xc_t, Q + lam * np.eye(N)) + ones @ Q @ ones)
+    problem = cp.Problem(cp.Minimize(objective), [Q >> 0, Q >= 0])
+    attempts: list[str] = []
+    installed = set(cp.installed_solvers())
+    for name in solvers:
+        if name not in installed:
+            attempts.append(f"{name}: not installed")
+            continue
+        start = time.perf_counter()
+        try:
+            problem.solve(solver=name, **_SOLVER_OPTIONS.get(name, {}))
+        except cp.error.SolverError as exc:
+            attempts.append(f"{name}: {exc}")
+            continue
+        seconds = time.perf_counter() - start
+        if problem.status == cp.OPTIMAL:
+            Q_val = np.asarray(Q.value, dtype=np.float64)
+            Q_val = 0.5 * (Q_val + Q_val.T)
+            b_val = np.asarray(bias.value if learned else bias, dtype=np.float64).reshape(D)
+            return DNNSolution(
+                objective=q_program(Q_val, b_val, X, lam), Q=Q_val, b=b_val, status=problem.status,
+                solver=name, seconds=seconds, learned_bias=learned,
+            )
+        attempts.append(f"{name}: status {problem.status}")
+    raise DNNSolveError("DNN relaxation not solved to optimality (" + "; ".join(attempts) + ")")

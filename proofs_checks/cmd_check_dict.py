@@ -1,9 +1,155 @@
-"""``dictcheck check-dict`` (placeholder wired in by the narrow-dictionary work)."""
+"""``dictcheck check-dict``: which local optimality conditions a dictionary satisfies (spec §3, §6).
+
+    dictcheck check-dict --dict W.npy --data X.npy --lam L [--bias b.npy | --learn-bias] [--json]
+
+W has shape (D, d_z), one atom per column; its columns are normalised on load (the output says so
+and lists the original norms). X has shape (N, D), one point per row. Codes are the exact
+non-negative lasso codes of the normalised dictionary. Without --bias or --learn-bias the bias is 0.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from proofs_checks.errors import UserError
+from proofs_checks.inputs import load_array, load_points, positive_lambda
+from solvers.dictionary_check import DictionaryCheck, check_dictionary
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def summary(result: DictionaryCheck) -> dict[str, Any]:
+    """The JSON summary: the §6 keys first, then supporting detail and a per-atom table."""
+    d = result.diagnostics
+    out: dict[str, Any] = {
+        "kkt_violation": d.kkt_violation,
+        "stationarity_violation": _finite(d.stationarity_violation),
+        "hull_violation": _finite(d.hull_violation),
+        "bias_identity_violation": _finite(d.bias_identity_violation),
+        "firing_fraction": d.firing_fraction.tolist(),
+        "antipode_gain": d.antipode_gain.tolist(),
+        "nested_pairs": [list(p) for p in d.nested_pairs],
+        "stationary": d.stationary,
+        "failed_conditions": list(d.failed_checks),
+        "tolerances": {k: v for k, v in vars(d.tolerances).items()},
+        "best_new_atom_gain": result.best_new_atom.gain_mean,
+        "wide_gap": result.wide_gap,
+        "cert_ratio": d.cert_ratio,
+        "certified_gap": result.certified_gap,
+        "objective": d.objective,
+        "bias": result.b.tolist(),
+        "bias_mode": result.bias_mode,
+        "bias_residual_mean_norm": d.bias_residual_mean_norm,
+        "atoms_renormalised": result.renormalised,
+        "codes_kkt_violation": result.codes.kkt_violation,
+        "tau_act": d.tau_act,
+        "n_atoms": d.n_atoms,
+        "n_points": d.n_points,
+        "dead_atoms": list(d.dead_atoms),
+        "atoms_firing_over_half": [int(i) for i in np.flatnonzero(d.firing_fraction > 0.5)],
+        "hull_prime_violation": _finite(d.hull_prime_violation),
+        "r2_violation": _finite(d.r2_violation),
+    }
+    if result.hull is not None:
+        out["hull_distance"] = {k: [_finite(x) for x in v] for k, v in result.hull.distances.items()}
+    out["atoms"] = [atom_row(result, k) for k in range(d.n_atoms)]
+    return out
+
+
+def atom_row(result: DictionaryCheck, k: int) -> dict[str, Any]:
+    """One row of the per-atom table."""
+    d = result.diagnostics
+    return {
+        "atom": k, "norm_on_load": float(result.column_norms[k]), "firing_fraction": float(d.firing_fraction[k]),
+        "stationarity": _finite(d.stationarity_per_atom[k]), "hull": _finite(d.hull_per_atom[k]),
+        "bias_off_mean": _finite(d.bias_off_mean[k]), "bias_target": _finite(d.bias_target[k]),
+        "antipode_gain": float(d.antipode_gain[k]),
+        "hull_distance": _finite(result.hull.distances["H-act-res"][k]) if result.hull is not None else None,
+        "nested_in": [j for (i, j) in d.nested_pairs if i == k], "dead": k in d.dead_atoms,
+    }
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2e}"
+
+
+def print_human(s: dict[str, Any]) -> None:
+    """The readable summary and per-atom table."""
+    tol = s["tolerances"]
+    print(f"dictionary: {s['n_atoms']} atoms, {s['n_points']} points; bias {s['bias_mode']}; "
+          f"objective (1) = {s['objective']:.8g}")
+    if s["atoms_renormalised"]:
+        print("note: atoms were normalised to unit norm on load (norms listed per atom)")
+    verdict = "STATIONARY" if s["stationary"] else f"NOT stationary (fails: {', '.join(s['failed_conditions'])})"
+    print(f"verdict: {verdict}")
+    rows = [
+        ("KKT-z (R1)", s["kkt_violation"], tol.get("kkt")),
+        ("atom stationarity (S1)", s["stationarity_violation"], tol.get("stationarity")),
+        ("convex hull (5)", s["hull_violation"], tol.get("hull")),
+        ("bias identity (4)", s["bias_identity_violation"], tol.get("bias")),
+    ]
+    for name, value, t in rows:
+        print(f"  {name:<24} max violation {_fmt(value)}   (tolerance {t:g})")
+    print(f"  atoms firing on > 1/2 of points: {s['atoms_firing_over_half'] or 'none'}")
+    print(f"  nested supports [d, j]: {s['nested_pairs'] or 'none'}")
+    print(f"  best new-atom gain {s['best_new_atom_gain']:.3e}   wide-limit gap {s['wide_gap']:.3e}   "
+          f"cert ratio {s['cert_ratio']:.4f}")
+    print(f"\n{'atom':>4} {'norm':>8} {'p_d':>6} {'S1':>9} {'hull(5)':>9} {'hull dist':>9} "
+          f"{'off-mean φ':>10} {'−p/(1−p)':>9} {'antipode':>9}  nested in")
+    for a in s["atoms"]:
+        print(f"{a['atom']:>4} {a['norm_on_load']:>8.4g} {a['firing_fraction']:>6.3f} {_fmt(a['stationarity']):>9} "
+              f"{_fmt(a['hull']):>9} {_fmt(a['hull_distance']):>9} "
+              f"{('—' if a['bias_off_mean'] is None else format(a['bias_off_mean'], '.4f')):>10} "
+              f"{('—' if a['bias_target'] is None else format(a['bias_target'], '.4f')):>9} "
+              f"{a['antipode_gain']:>9.2e}  {a['nested_in'] or ''}{' (dead)' if a['dead'] else ''}")
+
+
+def check_dict(args: argparse.Namespace) -> int:
+    """Handler of ``dictcheck check-dict``."""
+    lam = positive_lambda(args.lam)
+    W = load_array(args.dict, "dictionary")
+    if W.ndim != 2:
+        raise UserError(f"dictionary file {args.dict} must be 2-D (D, d_z), got shape {W.shape}")
+    if W.shape[1] == 0:
+        raise UserError(f"dictionary file {args.dict} has zero atoms (shape {W.shape})")
+    X = load_points(args.data)
+    if W.shape[0] != X.shape[1]:
+        raise UserError(f"dictionary has D = {W.shape[0]} rows but the data have D = {X.shape[1]} columns")
+    zero = np.flatnonzero(np.linalg.norm(W, axis=0) == 0)
+    if zero.size:
+        raise UserError(f"dictionary atoms {zero.tolist()} are zero and cannot be normalised")
+    bias = None
+    if args.bias is not None:
+        bias = load_array(args.bias, "bias").reshape(-1)
+        if bias.size != X.shape[1]:
+            raise UserError(f"bias file {args.bias} has {bias.size} entries but the data have D = {X.shape[1]}")
+    result = check_dictionary(W, X.T, lam, b=bias, learn=args.learn_bias, tol=args.tol,
+                              hull_candidates=not args.no_hull)
+    s = summary(result)
+    if args.json:
+        print(json.dumps(s))
+    else:
+        print_human(s)
+    return 0
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    """Register ``dictcheck check-dict`` (not yet available)."""
+    """Register ``dictcheck check-dict``."""
+    p = commands.add_parser("check-dict", help="check a dictionary against the local optimality conditions")
+    p.add_argument("--dict", required=True, metavar="W.npy", help="dictionary (D, d_z), one atom per column")
+    p.add_argument("--data", required=True, metavar="X.npy", help="data (N, D), one point per row")
+    p.add_argument("--lam", required=True, type=float, help="λ of objective (1)")
+    bias = p.add_mutually_exclusive_group()
+    bias.add_argument("--bias", metavar="b.npy", help="fixed decoder bias (D,)")
+    bias.add_argument("--learn-bias", action="store_true", help="use the bias that is optimal for this dictionary")
+    p.add_argument("--tol", type=float, default=1e-8, help="relative KKT tolerance of the exact codes (default 1e-8)")
+    p.add_argument("--no-hull", action="store_true", help="skip the distance-to-hull QPs (faster on large data)")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(handler=check_dict)

@@ -60,3 +60,45 @@ def plot_threshold_1d(path: Path, p: NDArray, curves: dict[float, dict[str, NDAr
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_absorption(path: Path, X: NDArray, labels: NDArray, before: NDArray, after: NDArray) -> Path:
+    """Parent/child toy: the data and the atoms before (ground truth) and after the fit, in two planes."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.8))
+    names = ["parent-only", "child 1", "child 2"]
+    for ax, (i, j) in zip(axes, [(0, 1), (0, 2)]):
+        for lab in range(3):
+            on = labels == lab
+            ax.scatter(X[i, on], X[j, on], s=10, alpha=0.5, label=names[lab])
+        for k in range(before.shape[1]):
+            ax.annotate("", xy=(2.2 * before[i, k], 2.2 * before[j, k]), xytext=(0, 0),
+                        arrowprops={"arrowstyle": "->", "color": "grey", "lw": 1.5, "ls": "--"})
+            ax.annotate("", xy=(2.2 * after[i, k], 2.2 * after[j, k]), xytext=(0, 0),
+                        arrowprops={"arrowstyle": "->", "color": "k", "lw": 2})
+        ax.set_xlim(-0.1, 2.3)
+        ax.set_ylim(-0.1, 2.3)
+        ax.set_xlabel(f"x{i + 1} (parent)")
+        ax.set_ylabel(f"x{j + 1}")
+        ax.set_aspect("equal")
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle("Absorption: ground-truth atoms (grey, dashed) vs the stationary point (black)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_firing_against_p(path: Path, p: NDArray, without_spare: NDArray, with_spare: NDArray) -> Path:
+    """Largest firing fraction of the dense feature's atoms against its firing probability."""
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    ax.plot(p, without_spare, marker="o", label="d_z = 3 (no spare latent): one atom")
+    ax.plot(p, with_spare, marker="s", label="d_z = 4 (spare latent): max over the pair")
+    ax.plot(p, p, ls=":", color="grey", label="p")
+    ax.axhline(0.5, color="k", ls="--", lw=1, label="50% rule")
+    ax.set_xlabel("firing probability of the dense feature")
+    ax.set_ylabel("firing fraction of its atom(s) at the optimum")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

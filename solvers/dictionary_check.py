@@ -1,0 +1,126 @@
+"""Checking a given dictionary against the local optimality conditions (spec/theory.md §3, §6).
+
+``check_dictionary`` normalises the atoms, computes exact non-negative lasso codes for the
+dictionary (solvers.lasso_codes), optionally learns the bias that is optimal for that dictionary,
+and evaluates every diagnostic of theory.diagnostics plus the numeric ones that need a solver:
+the distance from each atom's cosine vector to the hull of its points' φ_i (spec §8 candidates),
+the best-new-atom search of S6, and the wide-limit gap and certificate of §2.3.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.optimize import minimize
+
+from solvers.hull_distance import HullCandidateDistances, hull_candidate_distances
+from solvers.lasso_codes import ExactCodes, exact_codes
+from solvers.medians import huber_median
+from solvers.new_atom_search import NewAtomSearchResult, best_new_atom
+from theory.certificate import certified_gap
+from theory.diagnostics import DictionaryDiagnostics, dictionary_diagnostics, residuals
+
+#: Atoms whose norm differs from 1 by more than this are reported as renormalised.
+UNIT_NORM_RTOL = 1e-12
+
+
+@dataclass(frozen=True)
+class LearnedBias:
+    """The bias minimising objective (1) for a fixed dictionary, and its stationarity ‖R1‖/N."""
+
+    b: NDArray[np.float64]
+    codes: ExactCodes
+    residual_mean_norm: float
+    iterations: int
+
+
+def learn_bias(W: NDArray, X: NDArray, lam: float, *, b0: ArrayLike | None = None, tol: float = 1e-8) -> LearnedBias:
+    """argmin_b (1/N) Σ_i min_{z ≥ 0} [‖x_i − b − W z‖² + 2λ‖z‖₁] for fixed unit atoms W.
+
+    The inner minimum is convex and C¹ in b with gradient −(2/N) R1 (envelope theorem), so
+    L-BFGS on b with exact codes at every evaluation converges to the optimal bias. It stops when
+    ‖R1‖/N ≤ λ·tol (the learned-bias condition Σ_i r_i = 0 of spec §3 (4)).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    N = X.shape[1]
+    b0 = np.mean(X, axis=1) if b0 is None else np.asarray(b0, dtype=np.float64)
+    cache: dict[bytes, ExactCodes] = {}
+
+    def value_and_grad(b: NDArray) -> tuple[float, NDArray]:
+        codes = exact_codes(W, X, b, lam, tol=min(tol, 1e-10))
+        cache[b.tobytes()] = codes
+        R = residuals(W, codes.Z, b, X)
+        value = (np.sum(R * R) + 2.0 * lam * np.sum(codes.Z)) / N
+        return float(value), -2.0 * R.sum(axis=1) / N
+
+    result = minimize(value_and_grad, b0, jac=True, method="L-BFGS-B",
+                      options={"gtol": 2.0 * lam * tol, "ftol": 1e-16, "maxiter": 500})
+    b = np.asarray(result.x, dtype=np.float64)
+    codes = cache.get(b.tobytes()) or exact_codes(W, X, b, lam, tol=min(tol, 1e-10))
+    R = residuals(W, codes.Z, b, X)
+    return LearnedBias(b=b, codes=codes, residual_mean_norm=float(np.linalg.norm(R.sum(axis=1)) / N),
+                       iterations=int(result.nit))
+
+
+@dataclass(frozen=True)
+class DictionaryCheck:
+    """Everything ``dictcheck check-dict`` reports about one dictionary."""
+
+    W: NDArray[np.float64]
+    column_norms: NDArray[np.float64]
+    renormalised: bool
+    b: NDArray[np.float64]
+    bias_mode: str
+    codes: ExactCodes
+    diagnostics: DictionaryDiagnostics
+    best_new_atom: NewAtomSearchResult
+    hull: HullCandidateDistances | None
+    wide_gap: float
+    certified_gap: float
+    seconds: float
+
+
+def check_dictionary(
+    W: NDArray, X: NDArray, lam: float, *, b: ArrayLike | None = None, learn: bool = False,
+    tol: float = 1e-8, hull_candidates: bool = True,
+) -> DictionaryCheck:
+    """Diagnose dictionary W (D, d_z) on data X (D, N) at λ (spec §6).
+
+    Columns of W are normalised first (their norms are reported). The bias is ``b`` if given, the
+    optimal bias for W if ``learn``, else zero. Raises ValueError on a zero atom or bad shapes.
+    """
+    start = time.perf_counter()
+    W = np.asarray(W, dtype=np.float64)
+    X = np.asarray(X, dtype=np.float64)
+    if W.ndim != 2 or W.shape[1] == 0:
+        raise ValueError(f"dictionary must have shape (D, d_z) with d_z >= 1, got {W.shape}")
+    if W.shape[0] != X.shape[0]:
+        raise ValueError(f"dictionary has D = {W.shape[0]} rows but the data have D = {X.shape[0]}")
+    norms = np.linalg.norm(W, axis=0)
+    if np.any(norms == 0):
+        raise ValueError(f"atoms {np.flatnonzero(norms == 0).tolist()} have zero norm and cannot be normalised")
+    W_unit = W / norms
+    if learn and b is not None:
+        raise ValueError("give a bias or ask to learn it, not both")
+    if learn:
+        fitted = learn_bias(W_unit, X, lam, tol=tol)
+        bias, codes, mode = fitted.b, fitted.codes, "learned"
+    else:
+        bias = np.zeros(X.shape[0]) if b is None else np.asarray(b, dtype=np.float64).reshape(-1)
+        if bias.size != X.shape[0]:
+            raise ValueError(f"bias has {bias.size} entries but the data have D = {X.shape[0]}")
+        codes, mode = exact_codes(W_unit, X, bias, lam, tol=tol), ("given" if b is not None else "zero")
+    diag = dictionary_diagnostics(W_unit, codes.Z, bias, X, lam, learned_bias=learn)
+    R = residuals(W_unit, codes.Z, bias, X)
+    search = best_new_atom(R, lam, W_unit)
+    hull = hull_candidate_distances(W_unit, codes.Z, bias, X, lam) if hull_candidates else None
+    optimum = huber_median(X, lam).objective
+    gap = certified_gap(diag.objective, bias, X, lam, learned_bias=learn)
+    return DictionaryCheck(
+        W=W_unit, column_norms=norms, renormalised=bool(np.any(np.abs(norms - 1) > UNIT_NORM_RTOL)), b=bias,
+        bias_mode=mode, codes=codes, diagnostics=diag, best_new_atom=search, hull=hull,
+        wide_gap=diag.objective - optimum, certified_gap=gap.certified_gap, seconds=time.perf_counter() - start,
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -131,7 +132,7 @@ def check_dict(args: argparse.Namespace) -> int:
         if bias.size != X.shape[1]:
             raise UserError(f"bias file {args.bias} has {bias.size} entries but the data have D = {X.shape[1]}")
     result = check_dictionary(W, X.T, lam, b=bias, learn=args.learn_bias, tol=args.tol,
-                              hull_candidates=not args.no_hull)
+                              hull_candidates=not args.no_hull, progress=sys.stderr.isatty())
     s = summary(result)
     if args.json:
         print(json.dumps(s))

@@ -85,12 +85,13 @@ class DictionaryCheck:
 
 def check_dictionary(
     W: NDArray, X: NDArray, lam: float, *, b: ArrayLike | None = None, learn: bool = False,
-    tol: float = 1e-8, hull_candidates: bool = True,
+    tol: float = 1e-8, hull_candidates: bool = True, progress: bool = False,
 ) -> DictionaryCheck:
     """Diagnose dictionary W (D, d_z) on data X (D, N) at λ (spec §6).
 
     Columns of W are normalised first (their norms are reported). The bias is ``b`` if given, the
     optimal bias for W if ``learn``, else zero. Raises ValueError on a zero atom or bad shapes.
+    ``progress`` shows a progress bar over the batches of the exact-code solve.
     """
     start = time.perf_counter()
     W = np.asarray(W, dtype=np.float64)
@@ -112,7 +113,8 @@ def check_dictionary(
         bias = np.zeros(X.shape[0]) if b is None else np.asarray(b, dtype=np.float64).reshape(-1)
         if bias.size != X.shape[0]:
             raise ValueError(f"bias has {bias.size} entries but the data have D = {X.shape[0]}")
-        codes, mode = exact_codes(W_unit, X, bias, lam, tol=tol), ("given" if b is not None else "zero")
+        codes = exact_codes(W_unit, X, bias, lam, tol=tol, progress=progress)
+        mode = "given" if b is not None else "zero"
     diag = dictionary_diagnostics(W_unit, codes.Z, bias, X, lam, learned_bias=learn)
     R = residuals(W_unit, codes.Z, bias, X)
     search = best_new_atom(R, lam, W_unit)

@@ -4,17 +4,23 @@
   bias. H is convex and C¹, so ‖∇H‖ is a proper stopping test.
 * ``geometric_median``: argmin_b (1/N) Σ_i ‖x_i − b‖ (not differentiable at data points).
 
-Method (Decision, spec §4.3 allows "or better"): a damped Newton iteration with backtracking
-line search on the exact (generalised) Hessian, safeguarded by the majorise–minimise step
-(IRLS: b ← Σ ω_i x_i / Σ ω_i with ω_i = min(1, λ/ρ_i) for Huber, Weiszfeld with the
-Vardi–Zhang correction for the geometric median) whenever Newton does not decrease the
-objective. In one dimension both are solved exactly by sorting (breakpoints x_i ± λ, or the
-sample median). The MM step always decreases the objective, so the iteration is monotone.
+Method (Decision; spec §4.3 allows "or better"). The engine is the majorise–minimise step of the
+spec: b ← Σ_i ω_i x_i / Σ_i ω_i with ω_i = min(1, λ/ρ_i) for Huber (bounded weights, no division
+by zero) and Weiszfeld's ω_i = 1/ρ_i with the Vardi–Zhang correction at data points for the
+geometric median. Every MM step decreases the objective, costs one pass over X, and needs no line
+search. When MM slows down (the stationarity measure falls by less than half over an MM step), a
+Newton step on the exact (generalised) Hessian is tried instead (D ≤ 512; a D×D solve), accepted
+if it halves the stationarity measure or decreases the objective by more than rounding; otherwise
+the MM step is taken. For the geometric median, the nearest data point is tested for optimality
+(‖Σ_{x_i≠x_k} u_i‖ ≤ multiplicity of x_k) and returned exactly when it is the median, which
+Weiszfeld only approaches sublinearly. In one dimension both are solved exactly (the root of a
+piecewise-linear ψ; the sample median).
 
-Stopping tolerance (stated): Huber stops when ‖∇H(b)‖ ≤ 2λ·tol (2λ is the largest gradient
-a single point can contribute); the geometric median stops when the minimum-norm subgradient
-has norm ≤ tol (each point contributes a unit vector). Default tol = 1e-10. Every result also
-carries the rigorous bound ``suboptimality_bound`` = ‖g‖·max_i‖x_i − b‖ ≥ f(b) − min f.
+Stopping tolerance (stated): Huber stops when ‖∇H(b)‖ ≤ 2λ·tol (2λ is the largest gradient a
+single point contributes); the geometric median stops when the minimum-norm subgradient has norm
+≤ tol (each point contributes a unit vector). Default tol = 1e-10. Every result carries the
+rigorous bound ``suboptimality_bound`` = ‖g‖·max_i‖x_i − b‖ ≥ f(b) − min f (f convex, its
+minimiser in the convex hull of the data).
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from theory.huber import geometric_median_objective, huber_objective, huber_objective_gradient
 
-_MAX_DENSE_HESSIAN_DIM = 1024
+_MAX_NEWTON_DIM = 512
+_STALL = 25
+_EPS = np.finfo(float).eps
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,20 @@ class MedianResult:
     suboptimality_bound: float
     converged: bool
     seconds: float
+
+
+@dataclass(frozen=True)
+class _Local:
+    """Quantities at one iterate, computed in one pass over X."""
+
+    b: NDArray[np.float64]
+    diff: NDArray[np.float64]
+    rho: NDArray[np.float64]
+    value: float
+    grad: NDArray[np.float64]
+    measure: float
+    pull: NDArray[np.float64]  # Σ_i ω_i (x_i − b): the MM step is b + pull / Σ_i ω_i
+    weight_sum: float
 
 
 def _validate(X: NDArray) -> NDArray[np.float64]:
@@ -60,98 +81,142 @@ def _huber_median_1d(x: NDArray[np.float64], lam: float) -> float:
     def psi(b: float) -> float:
         return float(np.sum(np.clip(x - b, -lam, lam)))
 
-    values = np.array([psi(k) for k in knots]) if knots.size < 4096 else None
-    if values is None:
-        lo, hi = 0, knots.size - 1
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if psi(knots[mid]) > 0:
-                lo = mid
-            else:
-                hi = mid
-        a, c = knots[lo], knots[hi]
-        fa, fc = psi(a), psi(c)
-    else:
-        idx = int(np.searchsorted(-values, 0.0))  # first knot with ψ ≤ 0
-        if idx == 0:
-            return float(knots[0])
-        a, c = knots[idx - 1], knots[idx]
-        fa, fc = values[idx - 1], values[idx]
-    if fa == fc:
-        return float(a)
-    return float(a + (c - a) * fa / (fa - fc))
+    lo, hi = 0, knots.size - 1  # ψ(knots[0]) ≥ 0 ≥ ψ(knots[-1])
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if psi(knots[mid]) > 0:
+            lo = mid
+        else:
+            hi = mid
+    a, c = knots[lo], knots[hi]
+    fa, fc = psi(a), psi(c)
+    return float(a) if fa == fc else float(a + (c - a) * fa / (fa - fc))
 
 
-def _huber_pieces(X: NDArray, b: NDArray, lam: float) -> tuple[NDArray, NDArray, NDArray]:
+def _huber_local(X: NDArray, b: NDArray, lam: float) -> _Local:
     diff = X - b[:, None]
-    rho = np.linalg.norm(diff, axis=0)
-    return diff, rho, rho > lam
-
-
-def _huber_hessian(X: NDArray, b: NDArray, lam: float) -> NDArray[np.float64]:
-    """∇²H = (2/N)[Σ_{ρ≤λ} I + Σ_{ρ>λ} (λ/ρ)(I − uuᵀ)], u = (x − b)/ρ."""
-    diff, rho, out = _huber_pieces(X, b, lam)
-    N, D = X.shape[1], X.shape[0]
-    w = lam / rho[out]
-    U = diff[:, out] / rho[out]
-    H = (np.count_nonzero(~out) + w.sum()) * np.eye(D) - (U * w) @ U.T
-    return 2.0 * H / N
-
-
-def _huber_mm_step(X: NDArray, b: NDArray, lam: float) -> NDArray[np.float64]:
-    """b ← Σ ω_i x_i / Σ ω_i with ω_i = min(1, λ/ρ_i) (spec §4.3); never divides by zero."""
-    _, rho, _ = _huber_pieces(X, b, lam)
+    rho = np.sqrt(np.einsum("ij,ij->j", diff, diff))
     w = np.minimum(1.0, lam / np.maximum(rho, np.finfo(float).tiny))
-    return (X @ w) / w.sum()
+    pull = diff @ w
+    grad = -2.0 * pull / X.shape[1]
+    value = float(np.mean(np.where(rho <= lam, rho**2, 2.0 * lam * rho - lam**2)))
+    return _Local(b, diff, rho, value, grad, float(np.linalg.norm(grad)), pull, float(w.sum()))
 
 
-def _newton_mm(
-    X: NDArray,
-    b: NDArray,
-    f: Callable[[NDArray], float],
-    stationarity: Callable[[NDArray], tuple[NDArray, float]],
-    hessian: Callable[[NDArray], NDArray] | None,
-    mm_step: Callable[[NDArray], NDArray],
+def _mm_step(loc: _Local) -> NDArray[np.float64]:
+    """b ← Σ ω_i x_i / Σ ω_i = b + Σ ω_i (x_i − b) / Σ ω_i (spec §4.3; Weiszfeld for ω_i = 1/ρ_i)."""
+    return loc.b + loc.pull / loc.weight_sum
+
+
+def _huber_hessian(loc: _Local, lam: float) -> NDArray[np.float64]:
+    """∇²H = (2/N)[Σ_{ρ≤λ} I + Σ_{ρ>λ} (λ/ρ)(I − uuᵀ)], u = (x − b)/ρ."""
+    out = loc.rho > lam
+    w = lam / loc.rho[out] ** 3
+    D, N = loc.diff.shape
+    U = loc.diff[:, out]
+    return 2.0 * ((np.count_nonzero(~out) + np.sum(lam / loc.rho[out])) * np.eye(D) - (U * w) @ U.T) / N
+
+
+def _coincident(rho: NDArray, scale: float) -> NDArray[np.bool_]:
+    """Points that coincide with b up to rounding (distance ≤ 64 ε · scale)."""
+    return rho <= 64.0 * _EPS * scale
+
+
+def _gm_local(X: NDArray, b: NDArray, scale: float) -> _Local:
+    """Objective and minimum-norm subgradient of (1/N)Σ‖x_i − b‖.
+
+    With m points at b, the subgradient set is g + (m/N)·unit ball, g = −(1/N)Σ_{x_i≠b} u_i, so its
+    minimum-norm element has norm max(0, ‖g‖ − m/N); b is optimal iff ‖Σ_{x_i≠b} u_i‖ ≤ m.
+    """
+    diff = X - b[:, None]
+    rho = np.sqrt(np.einsum("ij,ij->j", diff, diff))
+    away = ~_coincident(rho, scale)
+    w = np.divide(1.0, rho, out=np.zeros_like(rho), where=away)
+    N = X.shape[1]
+    pull = diff @ w
+    norm = float(np.linalg.norm(pull)) / N
+    shrunk = max(0.0, norm - np.count_nonzero(~away) / N)
+    grad = -pull / N * (shrunk / norm if norm > 0 else 1.0)
+    return _Local(b, diff, rho, float(np.mean(rho)), grad, shrunk, pull, float(w.sum()))
+
+
+def _gm_mm(loc: _Local, scale: float) -> NDArray[np.float64]:
+    """Weiszfeld's step with the Vardi–Zhang correction when b coincides with m data points:
+    b ← (1 − min(1, m/r)) T + min(1, m/r) b, T the Weiszfeld step over the other points, r = ‖pull‖."""
+    T = _mm_step(loc)
+    m = np.count_nonzero(_coincident(loc.rho, scale))
+    if m == 0:
+        return T
+    r = float(np.linalg.norm(loc.pull))
+    if r == 0:
+        return loc.b
+    mix = min(1.0, m / r)
+    return (1.0 - mix) * T + mix * loc.b
+
+
+def _gm_hessian(loc: _Local, scale: float) -> NDArray[np.float64]:
+    """(1/N) Σ_{x_i≠b} (1/ρ_i)(I − u_i u_iᵀ)."""
+    away = ~_coincident(loc.rho, scale)
+    D, N = loc.diff.shape
+    U = loc.diff[:, away]
+    return (np.sum(1.0 / loc.rho[away]) * np.eye(D) - (U * (1.0 / loc.rho[away] ** 3)) @ U.T) / N
+
+
+def _minimise(
+    loc: _Local,
+    local: Callable[[NDArray], _Local],
+    mm_step: Callable[[_Local], NDArray],
+    hessian: Callable[[_Local], NDArray] | None,
     stop: float,
     max_iter: int,
-) -> tuple[NDArray, int, float, bool]:
-    """Monotone Newton/MM iteration; returns (b, iterations, stationarity measure, converged)."""
-    fb = f(b)
-    for it in range(1, max_iter + 1):
-        grad, measure = stationarity(b)
-        if measure <= stop:
-            return b, it - 1, measure, True
-        candidate = None
-        if hessian is not None and np.all(np.isfinite(grad)):
-            Hm = hessian(b)
-            shift = 1e-12 * max(np.trace(Hm) / Hm.shape[0], 1e-300)
+    shortcut: Callable[[_Local], _Local | None] | None = None,
+) -> tuple[_Local, int]:
+    """MM iteration with Newton acceleration; returns the best iterate and the iteration count.
+
+    Stops early when the stationarity measure has not improved for ``_STALL`` iterations (it has
+    reached the rounding floor of the gradient; the result then reports converged=False).
+    """
+    previous, best, since_best = np.inf, loc, 0
+    for it in range(max_iter):
+        if loc.measure < best.measure:
+            best, since_best = loc, 0
+        else:
+            since_best += 1
+        if loc.measure <= stop:
+            return loc, it
+        if since_best >= _STALL:
+            return best, it
+        if shortcut is not None and (found := shortcut(loc)) is not None:
+            return found, it + 1
+        slow = loc.measure > 0.5 * previous
+        previous = loc.measure
+        if slow and hessian is not None:
+            H = hessian(loc)
             try:
-                direction = -np.linalg.solve(Hm + shift * np.eye(Hm.shape[0]), grad)
+                direction = -np.linalg.solve(H + 1e-14 * np.trace(H) / H.shape[0] * np.eye(H.shape[0]), loc.grad)
             except np.linalg.LinAlgError:
                 direction = None
             if direction is not None and np.all(np.isfinite(direction)):
-                step, slope = 1.0, float(grad @ direction)
-                while step > 1e-8:
-                    trial = b + step * direction
-                    f_trial = f(trial)
-                    if f_trial <= fb + 1e-4 * step * slope:
-                        candidate, f_candidate = trial, f_trial
-                        break
-                    step *= 0.5
-        if candidate is None:
-            candidate = mm_step(b)
-            f_candidate = f(candidate)
-            if f_candidate > fb:  # MM guarantees descent; only rounding can trip this
-                return b, it, measure, False
-            if f_candidate == fb and np.array_equal(candidate, b):
-                return b, it, measure, measure <= stop
-        b, fb = candidate, f_candidate
-    _, measure = stationarity(b)
-    return b, max_iter, measure, measure <= stop
+                trial = local(loc.b + direction)
+                slack = 16.0 * _EPS * max(abs(loc.value), 1.0)
+                if trial.measure <= 0.5 * loc.measure or trial.value < loc.value - slack:
+                    loc = trial
+                    continue
+        loc = local(mm_step(loc))
+    return (loc if loc.measure < best.measure else best), max_iter
+
+
+def _result(loc: _Local, iterations: int, stop: float, start: float) -> MedianResult:
+    radius = float(np.max(loc.rho)) if loc.rho.size else 0.0
+    return MedianResult(
+        b=loc.b, objective=float(loc.value), iterations=iterations, gradient_norm=float(loc.measure),
+        suboptimality_bound=float(loc.measure * radius), converged=bool(loc.measure <= stop),
+        seconds=time.perf_counter() - start,
+    )
 
 
 def huber_median(
-    X: NDArray, lam: float, *, tol: float = 1e-10, max_iter: int = 500, b0: NDArray | None = None
+    X: NDArray, lam: float, *, tol: float = 1e-10, max_iter: int = 1000, b0: NDArray | None = None
 ) -> MedianResult:
     """Huber-smoothed geometric median b* = argmin_b (1/N) Σ_i h_λ(‖x_i − b‖) (spec §4.3).
 
@@ -161,74 +226,15 @@ def huber_median(
     X = _validate(X)
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"lam must be positive and finite, got {lam}")
-    D = X.shape[0]
-    if D == 1:
+    stop = 2.0 * lam * tol
+    if X.shape[0] == 1:
         b = np.array([_huber_median_1d(X[0], lam)])
-        iterations, converged = 0, True
-    else:
-        b = np.mean(X, axis=1) if b0 is None else np.asarray(b0, dtype=np.float64).copy()
-
-        def stationarity(bb: NDArray) -> tuple[NDArray, float]:
-            g = huber_objective_gradient(bb, X, lam)
-            return g, float(np.linalg.norm(g))
-
-        hess = (lambda bb: _huber_hessian(X, bb, lam)) if D <= _MAX_DENSE_HESSIAN_DIM else None
-        b, iterations, _, converged = _newton_mm(
-            X, b, lambda bb: huber_objective(bb, X, lam), stationarity, hess,
-            lambda bb: _huber_mm_step(X, bb, lam), 2.0 * lam * tol, max_iter,
-        )
-    g = huber_objective_gradient(b, X, lam)
-    gnorm = float(np.linalg.norm(g))
-    converged = converged or gnorm <= 2.0 * lam * tol
-    radius = float(np.max(np.linalg.norm(X - b[:, None], axis=0)))
-    return MedianResult(
-        b=b, objective=huber_objective(b, X, lam), iterations=iterations, gradient_norm=gnorm,
-        suboptimality_bound=gnorm * radius, converged=converged, seconds=time.perf_counter() - start,
-    )
-
-
-def _gm_subgradient(X: NDArray, b: NDArray) -> tuple[NDArray, float]:
-    """Minimum-norm subgradient of (1/N)Σ‖x_i − b‖ at b and its norm.
-
-    With m points equal to b, g = −(1/N) Σ_{x_i≠b} u_i is shrunk by m/N (the unit ball of the
-    coincident terms), so b is optimal iff ‖Σ_{x_i≠b} u_i‖ ≤ m.
-    """
-    diff = X - b[:, None]
-    rho = np.linalg.norm(diff, axis=0)
-    away = rho > 0
-    N = X.shape[1]
-    g = -(diff[:, away] / rho[away]).sum(axis=1) / N
-    m = np.count_nonzero(~away)
-    norm = float(np.linalg.norm(g))
-    shrunk = max(0.0, norm - m / N)
-    return (g * (shrunk / norm) if norm > 0 else g), shrunk
-
-
-def _gm_hessian(X: NDArray, b: NDArray) -> NDArray[np.float64]:
-    """(1/N) Σ_{x_i≠b} (1/ρ_i)(I − u_i u_iᵀ)."""
-    diff = X - b[:, None]
-    rho = np.linalg.norm(diff, axis=0)
-    away = rho > 0
-    w = 1.0 / rho[away]
-    U = diff[:, away] / rho[away]
-    return (w.sum() * np.eye(X.shape[0]) - (U * w) @ U.T) / X.shape[1]
-
-
-def _weiszfeld_vardi_zhang_step(X: NDArray, b: NDArray) -> NDArray[np.float64]:
-    """Weiszfeld's step with the Vardi–Zhang correction when b coincides with data points."""
-    diff = X - b[:, None]
-    rho = np.linalg.norm(diff, axis=0)
-    away = rho > 0
-    w = 1.0 / rho[away]
-    T = (X[:, away] @ w) / w.sum()
-    m = np.count_nonzero(~away)
-    if m == 0:
-        return T
-    r = float(np.linalg.norm((diff[:, away] * w).sum(axis=1)))
-    if r == 0:
-        return b
-    mix = min(1.0, m / r)
-    return (1.0 - mix) * T + mix * b
+        return _result(_huber_local(X, b, lam), 0, np.inf, start)  # exact
+    b = np.mean(X, axis=1) if b0 is None else np.asarray(b0, dtype=np.float64).copy()
+    hessian = (lambda loc: _huber_hessian(loc, lam)) if X.shape[0] <= _MAX_NEWTON_DIM else None
+    loc, iterations = _minimise(_huber_local(X, b, lam), lambda bb: _huber_local(X, bb, lam),
+                                _mm_step, hessian, stop, max_iter)
+    return _result(loc, iterations, stop, start)
 
 
 def geometric_median(X: NDArray, *, tol: float = 1e-10, max_iter: int = 1000, b0: NDArray | None = None) -> MedianResult:
@@ -238,21 +244,20 @@ def geometric_median(X: NDArray, *, tol: float = 1e-10, max_iter: int = 1000, b0
     """
     start = time.perf_counter()
     X = _validate(X)
-    D = X.shape[0]
-    if D == 1:
+    scale = max(float(np.max(np.abs(X))), 1.0)
+    if X.shape[0] == 1:
         b = np.array([float(np.median(X[0]))])
-        iterations, converged = 0, True
-    else:
-        b = np.mean(X, axis=1) if b0 is None else np.asarray(b0, dtype=np.float64).copy()
-        hess = (lambda bb: _gm_hessian(X, bb)) if D <= _MAX_DENSE_HESSIAN_DIM else None
-        b, iterations, _, converged = _newton_mm(
-            X, b, lambda bb: geometric_median_objective(bb, X), lambda bb: _gm_subgradient(X, bb),
-            hess, lambda bb: _weiszfeld_vardi_zhang_step(X, bb), tol, max_iter,
-        )
-    _, gnorm = _gm_subgradient(X, b)
-    converged = converged or gnorm <= tol
-    radius = float(np.max(np.linalg.norm(X - b[:, None], axis=0)))
-    return MedianResult(
-        b=b, objective=geometric_median_objective(b, X), iterations=iterations, gradient_norm=gnorm,
-        suboptimality_bound=gnorm * radius, converged=converged, seconds=time.perf_counter() - start,
-    )
+        return _result(_gm_local(X, b, scale), 0, np.inf, start)  # exact
+    b = np.mean(X, axis=1) if b0 is None else np.asarray(b0, dtype=np.float64).copy()
+
+    def nearest_point_if_optimal(loc: _Local) -> _Local | None:
+        k = int(np.argmin(loc.rho))
+        if loc.rho[k] > 1e-3 * float(np.median(loc.rho)):
+            return None
+        at_point = _gm_local(X, X[:, k].copy(), scale)
+        return at_point if at_point.measure <= tol else None
+
+    hessian = (lambda loc: _gm_hessian(loc, scale)) if X.shape[0] <= _MAX_NEWTON_DIM else None
+    loc, iterations = _minimise(_gm_local(X, b, scale), lambda bb: _gm_local(X, bb, scale),
+                                lambda loc: _gm_mm(loc, scale), hessian, tol, max_iter, nearest_point_if_optimal)
+    return _result(loc, iterations, tol, start)

@@ -153,7 +153,7 @@ class WideLimitSolution:
 
 
 def solve_wide_limit(
-    X: NDArray, lam: float, *, b: ArrayLike | None = None, ray_tol: float = DEFAULT_RAY_TOL, median_tol: float = 1e-12
+    X: NDArray, lam: float, *, b: ArrayLike | None = None, ray_tol: float = DEFAULT_RAY_TOL, median_tol: float = 1e-14
 ) -> WideLimitSolution:
     """Closed-form global optimum of (1) for data X (D, N); ``b=None`` learns the bias (spec §4)."""
     start = time.perf_counter()

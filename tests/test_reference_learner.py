@@ -22,6 +22,7 @@ from solvers.reference_learner import (
     reduced_hvp,
     reduced_objective,
 )
+from solvers.medians import huber_median as solve_huber_median
 from theory.huber import huber_objective, huber_objective_gradient
 from theory.objective import sae_objective, scaled_objective
 
@@ -34,16 +35,8 @@ STAT_TOL = 1e-8  # spec §2.2: the reference learner reaches stationarity to abo
 
 
 def huber_median(X: np.ndarray, lam: float) -> np.ndarray:
-    """Huber-smoothed geometric median by the IRLS of spec §4.3 (ω_i = min(1, λ/‖x_i − b‖))."""
-    b = X.mean(axis=1)
-    for _ in range(200_000):
-        rho = np.linalg.norm(X - b[:, None], axis=0)
-        w = np.minimum(1.0, lam / np.maximum(rho, 1e-300))
-        b_new = X @ w / w.sum()
-        if np.linalg.norm(b_new - b) < 1e-15:
-            return b_new
-        b = b_new
-    return b
+    """The Huber-smoothed geometric median b* (spec §4.3), from the solver verified against cvxpy."""
+    return solve_huber_median(X, lam).b
 
 
 def active(fit: ReferenceFit) -> np.ndarray:

@@ -1,0 +1,24 @@
+"""Run every benchmark (``make bench``): the medians, then the DNN relaxation against the closed form.
+
+    .venv/bin/python benchmarks/run_all.py [--quick]
+
+Results and how to read them: benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before numpy is imported; see bench_medians.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_dnn  # noqa: E402
+import bench_medians  # noqa: E402
+
+if __name__ == "__main__":
+    quick = ["--quick"] if "--quick" in sys.argv[1:] else []
+    bench_medians.main(quick)
+    bench_dnn.main(quick)

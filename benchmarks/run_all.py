@@ -1,4 +1,4 @@
-"""Run every benchmark (``make bench``): the medians, then the DNN relaxation against the closed form.
+"""Run every benchmark (``make bench``): medians, DNN relaxation vs closed form, exact lasso codes.
 
     .venv/bin/python benchmarks/run_all.py [--quick]
 
@@ -16,9 +16,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_dnn  # noqa: E402
+import bench_lasso_codes  # noqa: E402
 import bench_medians  # noqa: E402
 
 if __name__ == "__main__":
     quick = ["--quick"] if "--quick" in sys.argv[1:] else []
     bench_medians.main(quick)
     bench_dnn.main(quick)
+    bench_lasso_codes.main(["--n", "2000", "--skip-large"] if quick else [])

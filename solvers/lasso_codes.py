@@ -24,34 +24,45 @@ Algorithm (``exact_codes``)
 ---------------------------
 Write G = WᵀW and c_i = Wᵀx̃_i. Up to a constant, (P_i)/2 is the non-negative quadratic program
 min_{z≥0} ½ zᵀGz − q_iᵀz with q_i = c_i − λ1, and g_i = q_i − G z_i = Wᵀr_i − λ1 is the
-quantity the KKT conditions constrain (g = 0 on the support, g ≤ 0 off it).
+quantity (KKT-z) constrains (g = 0 on the support, g ≤ 0 off it). Points are processed in
+batches: one matmul X̃ᵀW per batch gives q, then every step works on the (d_z+1)² Gram matrix
+(a zero "null atom" pads index sets to a common width) and on each point's guessed support F,
+held as a padded index set; small systems are grouped in chunks of similar width.
 
-Points are processed in batches (one matmul X̃ᵀW per batch for the correlations). Per point a
-*working set* of atoms is kept (padded to a common width inside a chunk):
+Phase A (almost every point). Principal pivoting / semismooth Newton on all atoms with limited
+additions (primal–dual active set). Start from F = the k₀ atoms with the largest q > 0 (k₀
+learnt from the supports of earlier batches). Each step solves G_FF z_F = q_F (batched
+Cholesky), computes the full gradient g = q − Gz for all atoms (sparse codes times G, or
+(sparse codes times Wᵀ) times W when that is cheaper), and checks (KKT-z): a point is done when
+z ≥ 0 and the relative violation is ≤ tol. Otherwise the members with z < 0 leave F and the
+atoms with the largest g > 0 enter (at most max(8, ⌈|F|/4⌉), keeping |F| ≤ min(D, d_z)).
+A point whose only defect is accuracy on F gets a Newton refinement z_F += G_FF⁻¹ g_F. With
+random dictionaries a point needs about 4–5 solves. Pivoting can cycle, so a point whose
+count of infeasible indices stalls for 5 steps (or is still open after 30) goes to phase B.
 
-1. Start from the atoms with the largest q_id > 0 (the count is learnt from earlier batches).
-2. Solve the QP restricted to the working set **exactly** with block principal pivoting
-   (Júdice & Pires 1994; Kim & Park 2011): guess the support F, solve G_FF z_F = q_F by a batched
-   Cholesky factorisation (plus one step of iterative refinement), exchange every infeasible
-   index (z_d < 0 on F, g_d > 0 off F), and fall back to Murty's single-exchange rule when the
-   number of infeasible indices stops decreasing; this rule terminates finitely for positive
-   definite G_FF. Singular systems (linearly dependent atoms) fall back to an eigen-pseudo-inverse.
-3. Compute the full gradient g_i = q_i − G z_i over all atoms (sparse-times-dense product with the
-   Gram matrix, or the residual route Wᵀ(x̃ − Wz) when that is cheaper), and the relative KKT
-   violation. Points with violation ≤ ``tol`` are done.
-4. Otherwise the new working set is the current support plus the most violating atoms (at most
-   max(8, |support|) of them), and step 2 repeats. The previous support stays in the working
-   set and a violating atom is added, so the objective strictly decreases and no support repeats:
-   the outer loop terminates finitely when the inner solves are exact.
+Phase B (finite termination when atoms are independent). Working sets: solve the problem
+restricted to the working set exactly by block principal pivoting (Júdice & Pires 1994; Kim &
+Park 2011: full exchanges while the number of infeasible indices drops, else Murty's single
+exchange, finite for positive definite G_WW), check (KKT-z) over all atoms, keep the support and
+add at most max(8, |support|) violators. The support stays and a violator enters, so the
+objective strictly decreases and no support repeats.
 
-The result is exact up to floating-point rounding: the reported violation is typically 1e-13 to
-1e-15. Everything runs in float64 by default; ``device`` may be a CUDA device.
+Phase C (any W, including duplicate or dependent atoms and supports of size D). Per point,
+scipy's Lawson–Hanson NNLS on the least-distance dual: the optimal residual is the projection
+of x̃ onto {r : Wᵀr ≤ λ1}; min ‖u‖ s.t. −Wᵀu ≥ q (u = r − x̃) is solved through
+min_{w≥0} ‖[−W; qᵀ] w − e_{D+1}‖, and z = w / (1 − qᵀw) (Lawson & Hanson 1974, ch. 23).
+
+Every reported violation is measured with the final codes (g recomputed in the working dtype),
+never assumed. The result is exact up to rounding: typically 1e-13 to 1e-15 for phases A and
+B, ~1e-11 for phase C. Runs in float64 by default; ``device`` may name a CUDA device (written
+for it, tested on CPU only; phase C always runs on the CPU).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +78,14 @@ __all__ = ["ExactCodes", "exact_codes", "kkt_violation"]
 
 
 def kkt_violation(
-    W: ArrayLike, Z: ArrayLike, X: ArrayLike, b: ArrayLike, lam: float, *, chunk: int = 4096
+    W: ArrayLike,
+    Z: ArrayLike,
+    X: ArrayLike,
+    b: ArrayLike,
+    lam: float,
+    *,
+    tau_act: float = 0.0,
+    chunk: int = 4096,
 ) -> float:
     """Relative KKT violation of codes Z for fixed (W, b) (spec/theory.md §1, KKT-z).
 
@@ -76,7 +94,10 @@ def kkt_violation(
         max_{i,d} { |w_dᵀ r_i − λ|/λ  if z_di > 0 ;  (w_dᵀ r_i − λ)₊/λ  if z_di = 0 },
 
     i.e. spec's ``kkt_violation`` (max |φ_id − 1| on the support, (φ_id − 1)₊ off it) when the
-    atoms have unit norm. Atoms may have any norm; the support is z_di > 0 exactly (no τ_act).
+    atoms have unit norm. Atoms may have any norm. The support is z_di > tau_act (default 0:
+    exactly z_di > 0, right for the exact codes of :func:`exact_codes`). Codes from an
+    interior-point solver carry tiny positive entries on inactive atoms; pass a threshold such as
+    spec's τ_act = 1e-6 · max z for them (the entries still enter the residual).
     0.0 is exact optimality of every code for objective (1) with W and b held fixed.
 
     Shapes: W (D, d_z), Z (d_z, N) dense or scipy.sparse, X (D, N), b (D,). Computed in
@@ -90,6 +111,9 @@ def kkt_violation(
         raise ValueError(f"X must have shape (D, N) = ({D}, N); got {X.shape}")
     bv = _as_bias(b, D)
     lam = _as_lambda(lam)
+    tau = float(tau_act)
+    if not math.isfinite(tau) or tau < 0.0:
+        raise ValueError(f"tau_act must be finite and ≥ 0; got {tau_act!r}")
     N = X.shape[1]
     try:
         import scipy.sparse as sp
@@ -117,7 +141,7 @@ def kkt_violation(
         Zc = Zs[:, s:e].toarray() if is_sparse else Zd[:, s:e]
         R = X[:, s:e] - bv[:, None] - W @ Zc
         g = (W.T @ R - lam) / lam
-        v = np.where(Zc > 0, np.abs(g), np.maximum(g, 0.0))
+        v = np.where(Zc > tau, np.abs(g), np.maximum(g, 0.0))
         if v.size:
             worst = max(worst, float(v.max()))
     return worst
@@ -141,7 +165,8 @@ class ExactCodes:
         Relative KKT violation reached (max over all points and atoms; see module docstring),
         computed as max |q − Gz| on the support and (q − Gz)₊ off it, divided by λ.
     iterations : int
-        Largest number of outer (working-set) iterations any batch needed.
+        Largest number of full KKT checks (outer iterations: phase A steps, phase B steps,
+        plus one for the phase C fallback) any batch needed; bounded by ``max_iter``.
     converged : bool
         kkt_violation ≤ tol.
     seconds : float
@@ -216,10 +241,17 @@ _PHASE_A_ITERS = 30
 # Phase A growth: add at most max(_ADD_MIN, ceil(_ADD_FRAC · |F|)) violating atoms per step.
 _ADD_MIN = 8
 _ADD_FRAC = 0.25
+# Phase B: at most this many working-set iterations before the per-point fallback (phase C).
+_PHASE_B_ITERS = 10
 # Phase A hands a point to phase B when its count of infeasible indices stalls this long.
 _STALL = 5
-# Entries of one chunk of (n, k, k) systems (bounds the memory of the small solves).
-_CHUNK_ENTRIES = 1 << 23
+# Initial support guess width before anything is learnt, and the pilot that learns it.
+_K0_DEFAULT = 32
+_PILOT = 256
+# Chunks of (n, k, k) systems: at most this many entries, similar widths (see _chunks).
+_CHUNK_ENTRIES = 1 << 20
+_CHUNK_SLACK = 0.1
+_CHUNK_MIN = 128
 
 
 @dataclass
@@ -228,6 +260,7 @@ class _Ctx:
     d_z is the *null atom* used to pad working sets to a common width."""
 
     W: torch.Tensor  # (D, d_z)
+    WT: torch.Tensor  # (d_z, D), contiguous
     Gz: torch.Tensor  # (d_z + 1, d_z + 1)
     lam: float
     tol: float
@@ -252,37 +285,45 @@ class _Ctx:
 
 
 def _gram_product(ctx: _Ctx, idx: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
-    """(G z_i)_i for codes in padded form: atom indices idx (n, K) (null = d_z) and values val."""
+    """(G z_i)_i for codes in padded form: atom indices idx (n, K) (null = d_z, each row sorted
+    ascending) and values val.
+
+    Three routes, chosen by a cost model measured on a 2-core CPU: sparse codes times the Gram
+    matrix (reads one Gram row per non-zero: ~1 ns per entry while G fits in cache, ~2 ns
+    beyond); the residual route (sparse codes times Wᵀ, then a dense GEMM with W: 2·D·d_z
+    flops per point); or dense codes times G (d_z² flops per point) when d_z ≤ 2D.
+    """
     n = idx.shape[0]
     d_z, D = ctx.d_z, ctx.D
     nz = (idx < d_z) & (val != 0)
     nnz = int(nz.sum())
     if nnz == 0:
         return torch.zeros(n, d_z, dtype=val.dtype, device=val.device)
-    # Sparse route: reads one Gram row per non-zero (memory bound: ~1 ns per entry while the Gram
-    # matrix fits in cache, ~2 ns beyond). Dense route: min(4·D, 2·d_z)·d_z flops per point at
-    # ~20-30 flop/ns. Crossover measured on a 2-core CPU (benchmarks/RESULTS_lasso_codes.md).
     per_entry = 2 if 8 * d_z * d_z > (16 << 20) else 1
-    if nnz * 20 * per_entry < n * min(4 * D, 2 * d_z):
+    gram_route = nnz * 20 * per_entry < n * min(4 * D, 2 * d_z)
+    if gram_route or 2 * D < d_z:
         counts = nz.sum(dim=1)
         crow = torch.zeros(n + 1, dtype=torch.int64, device=idx.device)
         crow[1:] = torch.cumsum(counts, 0)
-        r, c = nz.nonzero(as_tuple=True)  # row-major
-        cols = idx[r, c]
-        vals = val[r, c]
-        order = torch.argsort(r * (d_z + 1) + cols)  # CSR wants sorted columns within a row
-        Zs = torch.sparse_csr_tensor(crow, cols[order], vals[order], size=(n, d_z), check_invariants=False)
-        return torch.sparse.mm(Zs, ctx.G)
+        # Rows of idx are sorted (every index set here goes through torch.sort), so the
+        # row-major non-zeros already have sorted columns within each row, as CSR requires.
+        r, c = nz.nonzero(as_tuple=True)
+        with warnings.catch_warnings():  # "sparse CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            Zs = torch.sparse_csr_tensor(
+                crow, idx[r, c], val[r, c], size=(n, d_z), check_invariants=False
+            )
+        if gram_route:
+            return torch.sparse.mm(Zs, ctx.G)
+        return torch.sparse.mm(Zs, ctx.WT) @ ctx.W  # (W z_i)ᵀ rows, then Wᵀ(W z_i)
     Zd = torch.zeros(n, d_z + 1, dtype=val.dtype, device=val.device)
-    Zd.scatter_add_(1, idx, torch.where(nz, val, torch.zeros_like(val)))  # add: pads never overwrite
-    Zd = Zd[:, :d_z]
-    if 2 * D < d_z:
-        return (Zd @ ctx.W.T) @ ctx.W
-    return Zd @ ctx.G
+    # scatter_add: the padding slots (value 0) never overwrite a real entry
+    Zd.scatter_add_(1, idx, torch.where(nz, val, torch.zeros_like(val)))
+    return Zd[:, :d_z] @ ctx.G
 
 
 def _gradient(ctx: _Ctx, Q: torch.Tensor, F: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """g = q − Gz = Wᵀr − λ1 for each row, returned as (m, d_z + 1) with −inf in the null column."""
+    """g = q − Gz = Wᵀr − λ1 per row, as (m, d_z + 1) with −inf in the null column."""
     m = Q.shape[0]
     g = torch.empty(m, ctx.d_z + 1, dtype=Q.dtype, device=Q.device)
     torch.sub(Q, _gram_product(ctx, F, z), out=g[:, : ctx.d_z])
@@ -299,35 +340,51 @@ def _pinv_solve(M: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     return (evecs @ coef.unsqueeze(-1)).squeeze(-1)
 
 
-def _spd_solve(M: torch.Tensor, rhs: torch.Tensor, refine: bool = False) -> torch.Tensor:
+def _spd_solve(
+    M: torch.Tensor, rhs: torch.Tensor, refine: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched solve of symmetric positive (semi)definite systems M z = rhs, (n, k, k), (n, k).
 
     Cholesky with two triangular solves (optionally one step of iterative refinement); systems
     whose factorisation fails (singular: linearly dependent atoms) use an eigen-pseudo-inverse.
+    Returns (z, singular) with singular (n,) marking the systems that needed the fallback.
     """
     L, info = torch.linalg.cholesky_ex(M)
+
+    def chol_solve(v: torch.Tensor) -> torch.Tensor:
+        y = torch.linalg.solve_triangular(L, v, upper=False)
+        return torch.linalg.solve_triangular(L.mT, y, upper=True)
+
     b = rhs.unsqueeze(-1)
-    z = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, b, upper=False), upper=True)
+    z = chol_solve(b)
     if refine:
-        res = b - M @ z
-        z = z + torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, res, upper=False), upper=True)
+        z = z + chol_solve(b - M @ z)
     z = z.squeeze(-1)
     bad = (info != 0) | ~torch.isfinite(z).all(dim=1)
     if bool(bad.any()):
         bi = bad.nonzero().squeeze(1)
         z[bi] = _pinv_solve(M[bi], rhs[bi])
-    return z
+    return z, bad
 
 
 def _gather_systems(ctx: _Ctx, F: torch.Tensor) -> torch.Tensor:
     """G_FF for padded index sets F (n, k); null slots become identity rows/columns."""
-    M = ctx.Gz[F.unsqueeze(2), F.unsqueeze(1)]
+    n, k = F.shape
+    stride = ctx.d_z + 1
+    Fi = F.to(torch.int32) if stride * stride < 2**31 else F  # int32 indices gather faster
+    flat = (Fi.unsqueeze(2) * stride + Fi.unsqueeze(1)).reshape(-1)
+    M = ctx.Gz.reshape(-1).index_select(0, flat).reshape(n, k, k)
     M.diagonal(dim1=1, dim2=2).add_((F == ctx.d_z).to(M.dtype))
     return M
 
 
 def _chunks(widths: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
-    """Split points, sorted by working-set width, into chunks of bounded n·k² (k = chunk max)."""
+    """Split points, sorted by working-set width, into chunks of similar width.
+
+    A chunk's systems are padded to its largest width k and the factorisation costs ~k³, so a
+    chunk closes when its width would exceed (1 + _CHUNK_SLACK)·(first width) + 2 (once it
+    holds _CHUNK_MIN points) or when it would hold more than _CHUNK_ENTRIES entries n·k².
+    """
     m = widths.numel()
     order = torch.argsort(widths, stable=True)
     w_sorted = widths[order].tolist()
@@ -335,11 +392,17 @@ def _chunks(widths: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
     pos = 0
     while pos < m:
         k_first = max(1, w_sorted[pos])
-        end = min(m, pos + max(1, _CHUNK_ENTRIES // (k_first * k_first)))
-        k_c = max(1, w_sorted[end - 1])
-        if (end - pos) * k_c * k_c > _CHUNK_ENTRIES:
-            end = pos + max(1, _CHUNK_ENTRIES // (k_c * k_c))
-            k_c = max(1, w_sorted[end - 1])
+        k_lim = int((1.0 + _CHUNK_SLACK) * k_first) + 2
+        end = pos + 1
+        k_c = k_first
+        while end < m:
+            k_next = max(1, w_sorted[end])
+            if (end - pos + 1) * k_next * k_next > _CHUNK_ENTRIES:
+                break
+            if k_next > k_lim and end - pos >= _CHUNK_MIN:
+                break
+            k_c = k_next
+            end += 1
         out.append((order[pos:end], k_c))
         pos = end
     return out
@@ -394,7 +457,8 @@ class _Results:
     def add(self, pts: torch.Tensor, F: torch.Tensor, z: torch.Tensor, kkt: torch.Tensor) -> None:
         if pts.numel():
             keep = (F < self.ctx.d_z) & (z > 0)
-            self.parts.append((pts, torch.where(keep, F, torch.full_like(F, self.ctx.d_z)), torch.where(keep, z, torch.zeros_like(z))))
+            F = torch.where(keep, F, torch.full_like(F, self.ctx.d_z))
+            self.parts.append((pts, F, torch.where(keep, z, torch.zeros_like(z))))
             self.viol[pts] = kkt
 
     def padded(self):
@@ -466,11 +530,13 @@ def _phase_a(ctx: _Ctx, Q: torch.Tensor, m0: int, T: int, res: _Results):
         keep = ~(fin | out)
         if not bool(keep.any()):
             break
-        add = _top_violators(ctx, g_out, n_add)  # on all rows: avoids copying g_out
-        del g, g_out
-        if not bool(keep.all()):
-            pts, F, z, g_F, kept, add = pts[keep], F[keep], z[keep], g_F[keep], kept[keep], add[keep]
+        if bool(keep.all()):
+            add = _top_violators(ctx, g_out, n_add)
+        else:
+            pts, F, z, g_F, kept = pts[keep], F[keep], z[keep], g_F[keep], kept[keep]
             best, stall, refine = best[keep], stall[keep], refine[keep]
+            add = _top_violators(ctx, g_out[keep], n_add[keep])
+        del g, g_out
         F_new = _sort_sets(torch.cat([kept, add], dim=1), null)
         m, K = F_new.shape
         z_new = torch.zeros(m, K, dtype=dt, device=dev)
@@ -490,10 +556,10 @@ def _phase_a(ctx: _Ctx, Q: torch.Tensor, m0: int, T: int, res: _Results):
             if any_ref and bool(rf.any()):
                 # Newton form on an unchanged F: z ← z + G_FF⁻¹ (q − Gz)_F
                 rhs = torch.where(rf.unsqueeze(1), gF_old[sel, :k], rhs)
-                zc = _spd_solve(M, rhs)
+                zc = _spd_solve(M, rhs)[0]
                 zc = torch.where(rf.unsqueeze(1), z_old[sel, :k] + zc, zc)
             else:
-                zc = _spd_solve(M, rhs)
+                zc = _spd_solve(M, rhs)[0]
             z_new[sel, :k] = torch.where(Fc < null, zc, torch.zeros_like(zc))
         F, z = F_new, z_new
         g = _gradient(ctx, Q[pts], F, z)
@@ -507,19 +573,21 @@ def _phase_a(ctx: _Ctx, Q: torch.Tensor, m0: int, T: int, res: _Results):
 
 def _bpp(
     H: torch.Tensor, q: torch.Tensor, F0: torch.Tensor, eps: float, max_inner: int
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Block principal pivoting for min_{z≥0} ½zᵀHz − qᵀz on a batch of small dense problems.
 
     H (n, K, K) symmetric PSD, q (n, K), F0 (n, K) initial guess of the support. Padding slots
     must have H row/column 0, H_kk = 1 and q_k < 0 (they are then never selected).
     Feasibility: z_F ≥ 0 and g = q − Hz ≤ eps off F. Full exchanges while the number of
     infeasible indices decreases (3 tries otherwise), then Murty's single exchange of the
-    largest infeasible index (finite for positive definite H; Júdice & Pires 1994, Kim & Park
-    2011). Points not finished after ``max_inner`` solves return their last iterate clipped at 0.
+    largest infeasible index: finite termination for positive definite H (Júdice & Pires 1994,
+    Kim & Park 2011). Returns (z ≥ 0, failed): failed marks problems that met a singular H_FF
+    (linearly dependent atoms, where the guarantee does not hold) or ran out of pivots.
     """
     n, K = q.shape
     dev = q.device
     z_out = torch.zeros_like(q)
+    failed = torch.zeros(n, dtype=torch.bool, device=dev)
     F = F0.clone()
     best = torch.full((n,), K + 1, dtype=torch.long, device=dev)
     budget = torch.full((n,), 3, dtype=torch.long, device=dev)
@@ -530,64 +598,74 @@ def _bpp(
         f = Fa.to(H.dtype)
         M = Ha * f.unsqueeze(2) * f.unsqueeze(1)
         M.diagonal(dim1=1, dim2=2).add_(1.0 - f)
-        za = _spd_solve(M, qa * f, refine=True) * f
+        za, sing = _spd_solve(M, qa * f, refine=True)
+        za = za * f
         ga = qa - (Ha @ za.unsqueeze(-1)).squeeze(-1)
         infeas = (Fa & (za < 0)) | (~Fa & (ga > eps))
         nv = infeas.sum(dim=1)
-        ok = nv == 0
-        last = it == max_inner
-        keep = torch.ones_like(ok) if last else ok
-        if bool(keep.any()):
-            z_out[act[keep]] = za[keep].clamp_min(0.0)
-        if last:
+        ok = (nv == 0) & ~sing
+        stop = ok | sing | torch.full_like(ok, it == max_inner)
+        if bool(stop.any()):
+            z_out[act[stop]] = za[stop].clamp_min(0.0)
+            failed[act[stop & ~ok]] = True
+        go = ~stop
+        if not bool(go.any()):
             break
-        nk = ~ok
-        act, Fa, infeas, nv = act[nk], Fa[nk], infeas[nk], nv[nk]
-        if act.numel() == 0:
-            break
+        act, Fa, infeas, nv = act[go], Fa[go], infeas[go], nv[go]
         b_best, b_budget = best[act], budget[act]
         improved = nv < b_best
         full = improved | (b_budget > 0)
         best[act] = torch.where(improved, nv, b_best)
-        budget[act] = torch.where(improved, torch.full_like(b_budget, 3), b_budget - (~improved).long())
+        budget[act] = torch.where(improved, torch.full_like(b_budget, 3), b_budget - 1)
         last_slot = (infeas.long() * slot).argmax(dim=1)
         single = torch.zeros_like(infeas)
         single[torch.arange(act.numel(), device=dev), last_slot] = True
         F[act] = Fa ^ torch.where(full.unsqueeze(1), infeas, single)
-    return z_out
+    return z_out, failed
 
 
-def _solve_working_sets(ctx: _Ctx, Qm: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+def _solve_working_sets(
+    ctx: _Ctx, Qm: torch.Tensor, ws: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact NNQP restricted to each point's working set ws (m, K) (null padded, sorted).
 
-    Qm is q with an extra column −1 for the null atom. Returns z ≥ 0 aligned with ws.
+    Qm is q with an extra column −1 for the null atom. Returns (z ≥ 0 aligned with ws, failed).
     """
     null = ctx.d_z
     m, K = ws.shape
     z_out = torch.zeros(m, K, dtype=Qm.dtype, device=Qm.device)
+    failed = torch.zeros(m, dtype=torch.bool, device=Qm.device)
     widths = (ws < null).sum(dim=1)
     for sel, k in _chunks(widths):
         Fc = ws[sel, :k]
         H = _gather_systems(ctx, Fc)
         q = torch.gather(Qm[sel], 1, Fc)
-        z = _bpp(H, q, Fc < null, ctx.eps, max_inner=max(50, 3 * k))
+        z, fl = _bpp(H, q, Fc < null, ctx.eps, max_inner=max(50, 3 * k))
         z_out[sel, :k] = torch.where(Fc < null, z, torch.zeros_like(z))
-    return z_out
+        failed[sel] = fl
+    return z_out, failed
 
 
-def _phase_b(ctx: _Ctx, Q: torch.Tensor, pts: torch.Tensor, ws: torch.Tensor, T: int, res: _Results):
-    """Working-set loop with exact subproblem solves; finite termination (strict decrease).
+def _phase_b(
+    ctx: _Ctx, Q: torch.Tensor, pts: torch.Tensor, ws: torch.Tensor, T: int, res: _Results
+):
+    """Working-set loop with exact subproblem solves (finite when the solves are exact).
 
     Each step solves the problem restricted to the working set exactly (``_bpp``), checks
-    (KKT-z) over all atoms, and keeps the support plus at most max(8, |support|) violators.
-    Points still above tol after T steps are recorded with the violation they reached.
+    (KKT-z) over all atoms, and keeps the support plus at most max(8, |support|) violators
+    (|working set| ≤ min(D, d_z)). The previous support stays and a violator enters, so the
+    objective strictly decreases and no support repeats. Points whose working-set problem is
+    degenerate (singular G_FF) or whose support already has min(D, d_z) atoms, and points left
+    after T steps, are returned as [(pts, F, z)] for phase C. Returns (left, checks used).
     """
     null = ctx.d_z
     used = 0
-    Qm_all = torch.cat([Q, torch.full((Q.shape[0], 1), -1.0, dtype=Q.dtype, device=Q.device)], dim=1)
+    left: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    minus_one = torch.full((Q.shape[0], 1), -1.0, dtype=Q.dtype, device=Q.device)
+    Qm_all = torch.cat([Q, minus_one], dim=1)  # the null atom gets q = −1: never selected
     for t in range(1, T + 1):
         used = t
-        z_ws = _solve_working_sets(ctx, Qm_all[pts], ws)
+        z_ws, failed = _solve_working_sets(ctx, Qm_all[pts], ws)
         F = torch.where(z_ws > 0, ws, torch.full_like(ws, null))
         F, order = torch.sort(F, dim=1)
         z = torch.gather(z_ws, 1, order)
@@ -597,57 +675,115 @@ def _phase_b(ctx: _Ctx, Q: torch.Tensor, pts: torch.Tensor, ws: torch.Tensor, T:
         g = _gradient(ctx, Q[pts], F, z)
         kkt, _, _, _, g_out = _kkt(ctx, g, F, z)
         fin = kkt <= ctx.tol
-        if t == T:
-            fin = torch.ones_like(fin)
         res.add(pts[fin], F[fin], z[fin], kkt[fin])
-        if bool(fin.all()):
-            break
-        keep = ~fin
-        pts, F, g_out = pts[keep], F[keep], g_out[keep]
         n_supp = (F < null).sum(dim=1)
-        # at most max(8, |S|) violators, keeping |WS| ≤ min(D, d_z) when possible (≥ 1 added)
-        n_add = torch.minimum(torch.clamp(n_supp, min=8), (ctx.rank_cap - n_supp).clamp_min(1))
+        full_rank = n_supp >= ctx.rank_cap
+        out = (~fin) & (failed | full_rank | torch.full_like(fin, t == T))
+        if bool(out.any()):
+            left.append((pts[out], F[out], z[out]))
+        keep = ~(fin | out)
+        if not bool(keep.any()):
+            break
+        pts, F, g_out, n_supp = pts[keep], F[keep], g_out[keep], n_supp[keep]
+        # at most max(8, |S|) violators, keeping |WS| ≤ min(D, d_z)
+        n_add = torch.minimum(torch.clamp(n_supp, min=8), ctx.rank_cap - n_supp)
         add = _top_violators(ctx, g_out, n_add)
         ws = _sort_sets(torch.cat([F, add], dim=1), null)
-    return used
+    return left, used
 
 
-def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, state: "_State"):
+# --------------------------------------------------------------------------------------------
+# Phase C (last resort, any W): Lawson–Hanson NNLS on the least-distance dual, per point
+# --------------------------------------------------------------------------------------------
+
+
+def _ldp_codes(W: NDArray, q: NDArray) -> NDArray:
+    """Exact codes of one point from the least-distance form of (P_i) (Lawson & Hanson, ch. 23).
+
+    The optimal residual is the projection r = P_C(x̃) onto C = {r : Wᵀr ≤ λ1}: with u = r − x̃
+    this is min ‖u‖ s.t. −Wᵀu ≥ q. Its NNLS dual min_{w≥0} ‖[−W; qᵀ] w − e_{D+1}‖ gives
+    z = w / (1 − qᵀw) ≥ 0 and r = x̃ − Wz. Lawson–Hanson keeps the passive columns linearly
+    independent, so duplicate or dependent atoms and supports of size D are handled exactly.
+    """
+    from scipy.optimize import nnls
+
+    D, d_z = W.shape
+    E = np.empty((D + 1, d_z))
+    E[:D] = -W
+    E[D] = q
+    f = np.zeros(D + 1)
+    f[D] = 1.0
+    w, _ = nnls(E, f, maxiter=max(100, 50 * d_z))
+    den = 1.0 - float(q @ w)
+    if not (den > 0.0 and np.isfinite(den)):  # cannot happen: C contains r with Wᵀr = 0 ≤ λ
+        return np.zeros(d_z)
+    return w / den
+
+
+def _phase_c(ctx: _Ctx, Q: torch.Tensor, pts: torch.Tensor, res: _Results) -> None:
+    """Per-point exact fallback (scipy NNLS on CPU, float64) for the points phase B leaves."""
+    if pts.numel() == 0:
+        return
+    Wn = ctx.W.detach().to("cpu", torch.float64).numpy()
+    Qn = Q[pts].detach().to("cpu", torch.float64).numpy()
+    Zc = np.stack([_ldp_codes(Wn, Qn[j]) for j in range(Qn.shape[0])])  # (m, d_z)
+    z_t = torch.as_tensor(Zc, device=Q.device).to(Q.dtype)
+    k = max(1, int((z_t > 0).sum(dim=1).max()))
+    val, idx = torch.topk(z_t, k, dim=1)
+    F = torch.where(val > 0, idx, torch.full_like(idx, ctx.d_z))
+    F, order = torch.sort(F, dim=1)
+    z = torch.where(F < ctx.d_z, torch.gather(val, 1, order), torch.zeros_like(val))
+    g = _gradient(ctx, Q[pts], F, z)
+    kkt = _kkt(ctx, g, F, z)[0]
+    res.add(pts, F, z, kkt)
+
+
+def _record_clipped(ctx: _Ctx, Q: torch.Tensor, groups, res: _Results) -> None:
+    """Out of iterations: record the feasible point z₊ of each unfinished point with its KKT."""
+    for pts, F, z in groups:
+        z = z.clamp_min(0.0)
+        g = _gradient(ctx, Q[pts], F, z)
+        res.add(pts, F, z, _kkt(ctx, g, F, z)[0])
+
+
+def _concat_groups(groups, null: int):
+    pts = torch.cat([h[0] for h in groups])
+    K = max(int(h[1].shape[1]) for h in groups)
+    pad = torch.nn.functional.pad
+    F = torch.cat([pad(h[1], (0, K - h[1].shape[1]), value=null) for h in groups])
+    z = torch.cat([pad(h[2], (0, K - h[2].shape[1]), value=0.0) for h in groups])
+    return pts, F, z
+
+
+def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, k0: int):
     """Codes for one batch of centred points Xc (n, D): padded (idx, val), violations, checks."""
     n = Xc.shape[0]
     null = ctx.d_z
     Q = Xc @ ctx.W - ctx.lam  # q_i = Wᵀx̃_i − λ1, (n, d_z)
     res = _Results(n, ctx, Q.device, Q.dtype)
-    T_a = min(max_iter, _PHASE_A_ITERS)
-    handed, used = _phase_a(ctx, Q, state.k0, T_a, res)
+    handed, used = _phase_a(ctx, Q, k0, min(max_iter, _PHASE_A_ITERS), res)
+    if handed and used < max_iter:
+        pts, F, z = _concat_groups(handed, null)
+        ws = _sort_sets(F, null)
+        handed, used_b = _phase_b(ctx, Q, pts, ws, min(max_iter - used, _PHASE_B_ITERS), res)
+        used += used_b
     if handed:
-        pts = torch.cat([h[0] for h in handed])
-        K = max(int(h[1].shape[1]) for h in handed)
-        F = torch.cat([torch.nn.functional.pad(h[1], (0, K - h[1].shape[1]), value=null) for h in handed])
-        z = torch.cat([torch.nn.functional.pad(h[2], (0, K - h[2].shape[1]), value=0.0) for h in handed])
-        if max_iter > used:
-            ws = _sort_sets(F, null)
-            used += _phase_b(ctx, Q, pts, ws, max_iter - used, res)
+        if used < max_iter:
+            used += 1
+            _phase_c(ctx, Q, _concat_groups(handed, null)[0], res)
         else:
-            # out of iterations: report the feasible point z₊ and its violation
-            z = z.clamp_min(0.0)
-            g = _gradient(ctx, Q[pts], F, z)
-            kkt = _kkt(ctx, g, F, z)[0]
-            res.add(pts, F, z, kkt)
+            _record_clipped(ctx, Q, handed, res)
     idx, val, viol = res.padded()
-    # learn the initial working-set width for the next batch from the support sizes
-    sizes = ((idx < null) & (val > 0)).sum(dim=1).to(torch.float64)
-    if sizes.numel():
-        q90 = float(torch.quantile(sizes, 0.9)) if sizes.numel() > 1 else float(sizes[0])
-        state.k0 = int(min(ctx.d_z, max(8, math.ceil(1.25 * q90) + 4)))
     return idx, val, viol, used
 
 
-@dataclass
-class _State:
-    """Carried between batches: initial working-set width learnt from finished batches."""
-
-    k0: int
+def _learn_k0(idx: torch.Tensor, val: torch.Tensor, d_z: int) -> int:
+    """Initial support guess width for later batches: 1.25 × (90th percentile of |S|) + 4."""
+    sizes = ((idx < d_z) & (val > 0)).sum(dim=1).to(torch.float64)
+    if sizes.numel() == 0:
+        return min(d_z, _K0_DEFAULT)
+    q90 = float(torch.quantile(sizes, 0.9)) if sizes.numel() > 1 else float(sizes[0])
+    return int(min(d_z, max(8, math.ceil(1.25 * q90) + 4)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -674,6 +810,7 @@ def exact_codes(
     dtype: torch.dtype = torch.float64,
     progress: bool = False,
     sparse_output: bool = False,
+    workers: int | None = None,
 ) -> ExactCodes:
     """Exact non-negative lasso codes for fixed (W, b): objective (1) of spec/theory.md §1.
 
@@ -700,15 +837,24 @@ def exact_codes(
     max_iter : maximum number of full KKT checks (outer iterations) per batch. If the target is
         not reached, the result has ``converged=False`` and reports the violation reached (no
         error); callers decide.
-    batch_size : points per batch (default about 2²² / max(d_z, D), between 256 and 8192).
-        Memory is O(batch_size · (D + d_z)) plus the (d_z + 1)² Gram matrix.
-    device, dtype : torch device and floating dtype of the computation (float64 by default;
-        with float32 a tolerance of 1e-8 is generally not reachable).
+    batch_size : points per batch (default about 2²² / max(d_z, D), between 256 and 8192,
+        smaller when several workers share the points). Memory is O(workers · batch_size ·
+        (D + d_z)) plus the (d_z + 1)² Gram matrix.
+    device, dtype : torch device and floating dtype of the computation (float64 by default).
+        float32 reaches a relative KKT violation of about 1e-5 only: use tol ≥ 1e-5 with it,
+        otherwise every point runs through the slow fallbacks and ends with converged=False.
     progress : show a tqdm progress bar over batches.
     sparse_output : return Z as a scipy.sparse.csc_array (d_z, N) instead of a dense array.
         The default is a dense float64 array of d_z·N·8 bytes (3.3 GB for 10⁵ × 4096), which
         the caller must be able to hold; codes are sparse, so ``sparse_output=True`` is the
         memory-efficient choice for large problems.
+
+    workers : CPU worker threads that process batches concurrently, each with one torch
+        thread (default: ``torch.get_num_threads()`` on CPU, 1 on CUDA; 1 = process batches
+        in order with torch's own intra-op threads). During the call torch's thread count is
+        set to 1 in the workers and restored afterwards. The first 256 points are solved first
+        and fix the initial support-guess width for all other batches, so the result does not
+        depend on ``workers`` or on the scheduling (up to last-bit BLAS differences).
 
     Returns
     -------
@@ -727,7 +873,9 @@ def exact_codes(
     if D == 0 or d_z == 0:
         raise ValueError(f"W must have at least one row and one atom; got shape {Wn.shape}")
     if Xn.shape[0] != D:
-        raise ValueError(f"X must have shape (D, N) = ({D}, N) with points as columns; got {Xn.shape}")
+        raise ValueError(
+            f"X must have shape (D, N) = ({D}, N) with points as columns; got {Xn.shape}"
+        )
     bv = _as_bias(b, D)
     lam = _as_lambda(lam)
     try:
@@ -745,6 +893,10 @@ def exact_codes(
         raise ValueError(f"batch_size must be a positive integer or None; got {batch_size!r}")
     if dtype not in (torch.float64, torch.float32):
         raise ValueError(f"dtype must be torch.float64 or torch.float32; got {dtype!r}")
+    if workers is not None and (
+        isinstance(workers, bool) or int(workers) != workers or workers < 1
+    ):
+        raise ValueError(f"workers must be a positive integer or None; got {workers!r}")
     N = Xn.shape[1]
     B = int(batch_size) if batch_size is not None else _default_batch(D, d_z)
     dev = torch.device(device)
@@ -754,7 +906,7 @@ def exact_codes(
     G = Wt.T @ Wt
     Gz[:d_z, :d_z] = 0.5 * (G + G.T)
     del G
-    ctx = _Ctx(W=Wt, Gz=Gz, lam=lam, tol=tol, eps=0.5 * tol * lam)
+    ctx = _Ctx(W=Wt, WT=Wt.T.contiguous(), Gz=Gz, lam=lam, tol=tol, eps=0.5 * tol * lam)
     bt = torch.as_tensor(bv, device=dev).to(dtype)
 
     if sparse_output:
@@ -764,20 +916,32 @@ def exact_codes(
     else:
         Zt = np.zeros((N, d_z), dtype=np.float64)
 
-    state = _State(k0=min(d_z, 32))
+    # Segments: a pilot of the first _PILOT points learns k0 (the initial support-guess width);
+    # the other batches use that k0, so the result does not depend on the processing order.
+    n_pilot = min(N, _PILOT)
+    rest = N - n_pilot
+    if workers is None:
+        workers = torch.get_num_threads() if dev.type == "cpu" else 1
+    if batch_size is None and workers > 1 and rest > 0:
+        B = max(256, min(B, math.ceil(rest / (4 * workers))))  # enough batches to balance
+    segments = [(0, n_pilot)] + [(s, min(N, s + B)) for s in range(n_pilot, N, B)]
+    segments = [sg for sg in segments if sg[1] > sg[0]]
+    workers = max(1, min(workers, len(segments) - 1))
+
     worst = 0.0
     iters = 0
     n_bad = 0
     nnz_total = 0
-    starts = range(0, N, B)
-    if progress:
-        from tqdm.auto import tqdm
 
-        starts = tqdm(starts, total=math.ceil(N / B) if N else 0, desc="exact_codes", unit="batch")
-    for s in starts:
-        e = min(N, s + B)
+    def run(seg, k0):
+        s, e = seg
         Xc = torch.as_tensor(np.ascontiguousarray(Xn[:, s:e].T), device=dev).to(dtype) - bt
-        idx, val, viol, it = _solve_batch(ctx, Xc, max_iter, state)
+        idx, val, viol, it = _solve_batch(ctx, Xc, max_iter, k0)
+        return seg, idx, val, viol, it
+
+    def collect(out):
+        nonlocal worst, iters, n_bad, nnz_total
+        (s, e), idx, val, viol, it = out
         iters = max(iters, it)
         worst = max(worst, float(viol.max()))
         n_bad += int((viol > tol).sum())
@@ -791,6 +955,42 @@ def exact_codes(
             vals_l.append(val_np[pr, pc])
         else:
             Zt[pr + s, idx_np[pr, pc]] = val_np[pr, pc]
+        return idx, val
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(segments), desc="exact_codes", unit="batch")
+    k0 = min(d_z, _K0_DEFAULT)
+    if segments:
+        idx0, val0 = collect(run(segments[0], k0))
+        k0 = _learn_k0(idx0, val0, d_z)
+        if bar is not None:
+            bar.update(1)
+    later = segments[1:]
+    if workers > 1 and later:
+        # One torch thread per worker: the per-point steps are many small kernels, which
+        # scale better across batches than inside one (measured: ~1.3× on 2 cores).
+        from concurrent.futures import ThreadPoolExecutor
+
+        n_threads = torch.get_num_threads()
+        try:
+            pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
+            with pool:
+                for out in pool.map(lambda sg: run(sg, k0), later):
+                    collect(out)
+                    if bar is not None:
+                        bar.update(1)
+        finally:
+            torch.set_num_threads(n_threads)
+    else:
+        for sg in later:
+            collect(run(sg, k0))
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
 
     if sparse_output:
         import scipy.sparse as sp

@@ -1,0 +1,293 @@
+"""Exact non-negative lasso codes for fixed (W, b) (spec/theory.md §1, KKT-z).
+
+References: cvxpy + Clarabel on the same problem, scikit-learn's ``sparse_encode`` (same
+minimiser with α = λ, spec §1 table), the one-atom closed form and the zero-code threshold.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import cvxpy as cp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solvers.lasso_codes import ExactCodes, exact_codes, kkt_violation
+from theory.objective import sae_objective
+
+seeds = st.integers(0, 2**32 - 1)
+TOL = 1e-8
+
+
+def _random_problem(seed: int, D: int, d_z: int, N: int, unit: bool):
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(D, d_z))
+    if unit:
+        W /= np.linalg.norm(W, axis=0)
+    else:
+        W *= rng.uniform(0.2, 3.0, size=d_z)
+    X = rng.normal(size=(D, N)) * rng.uniform(0.5, 2.0)
+    b = rng.normal(size=D) * 0.3
+    return W, X, b
+
+
+def _cvxpy_codes(W, X, b, lam, *, with_accuracy=False):
+    """Clarabel solution of min (1/N) Σ ‖x̃_i − W z_i‖² + 2λ‖z_i‖₁, Z ≥ 0, clipped at 0.
+
+    Tight tolerances (1e-12) first; Clarabel occasionally stops on those, and then a fresh
+    problem is solved with the default tolerances and flagged as not tight (codes to ~1e-4).
+    """
+    d_z, N = W.shape[1], X.shape[1]
+    Xc = X - b[:, None]
+    attempts = [
+        dict(tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12, max_iter=500),
+        dict(),
+    ]
+    for k, opts in enumerate(attempts):
+        Z = cp.Variable((d_z, N), nonneg=True)
+        prob = cp.Problem(cp.Minimize((cp.sum_squares(Xc - W @ Z) + 2 * lam * cp.sum(Z)) / N))
+        try:
+            prob.solve(solver=cp.CLARABEL, **opts)
+        except cp.error.SolverError:
+            continue
+        if prob.status == "optimal" or (k > 0 and prob.status == "optimal_inaccurate"):
+            Zc = np.maximum(Z.value, 0.0)
+            return (Zc, k == 0) if with_accuracy else Zc
+    raise AssertionError("cvxpy/Clarabel reference failed")
+
+
+def _unique_and_well_conditioned(W, z, x_centred, lam, floor=1e-2) -> bool:
+    """The lasso minimiser is unique when the atoms tight in (KKT-z) are independent.
+
+    Tight set E = support ∪ {d : |w_dᵀr − λ| ≤ 1e-6 λ}; compare codes only when σ_min(W_E) is
+    comfortably positive (otherwise a 1e-9 objective gap allows large code differences).
+    """
+    g = W.T @ (x_centred - W @ z) - lam
+    E = (z > 0) | (np.abs(g) <= 1e-6 * lam)
+    if not E.any():
+        return True
+    if E.sum() > W.shape[0]:
+        return False
+    return bool(np.linalg.svd(W[:, E], compute_uv=False).min() > floor)
+
+
+# --------------------------------------------------------------------------------------------
+# Properties against cvxpy (Clarabel)
+# --------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seeds,
+    st.integers(1, 7),
+    st.integers(1, 12),
+    st.integers(1, 5),
+    st.floats(1e-3, 2.0),
+    st.booleans(),
+)
+def test_kkt_objective_and_codes_match_cvxpy(seed, D, d_z, N, lam, unit) -> None:
+    W, X, b = _random_problem(seed, D, d_z, N, unit)
+    res = exact_codes(W, X, b, lam)
+    assert isinstance(res, ExactCodes)
+    assert res.Z.shape == (d_z, N) and res.Z.dtype == np.float64
+    assert np.all(res.Z >= 0)
+    assert res.converged and res.kkt_violation <= TOL
+    assert kkt_violation(W, res.Z, X, b, lam) <= TOL  # recomputed independently, in numpy
+
+    Zc, tight = _cvxpy_codes(W, X, b, lam, with_accuracy=True)
+    ours = sae_objective(W, res.Z, b, X, lam)
+    ref = sae_objective(W, Zc, b, X, lam)
+    assert ours <= ref + 1e-9
+    # the minimiser is unique when the tight atoms are independent; compare codes then
+    for i in range(N):
+        if _unique_and_well_conditioned(W, res.Z[:, i], X[:, i] - b, lam):
+            scale = 1.0 + np.abs(res.Z[:, i]).max()
+            atol = (1e-6 if tight else 1e-4) * scale
+            np.testing.assert_allclose(res.Z[:, i], Zc[:, i], atol=atol, rtol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seeds, st.integers(1, 6), st.integers(1, 6), st.floats(1e-2, 3.0), st.floats(0.1, 5.0))
+def test_one_atom_closed_form(seed, D, N, lam, norm) -> None:
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(D, 1))
+    w *= norm / np.linalg.norm(w)
+    X = rng.normal(size=(D, N)) * 2.0
+    b = rng.normal(size=D) * 0.5
+    res = exact_codes(w, X, b, lam)
+    expected = np.maximum(w[:, 0] @ (X - b[:, None]) - lam, 0.0) / norm**2
+    np.testing.assert_allclose(res.Z[0], expected, rtol=1e-12, atol=1e-14)
+    assert res.kkt_violation <= TOL
+
+
+@settings(max_examples=25, deadline=None)
+@given(seeds, st.integers(1, 8), st.integers(1, 20), st.integers(1, 6), st.floats(0.0, 2.0))
+def test_zero_codes_when_no_correlation_exceeds_lambda(seed, D, d_z, N, margin) -> None:
+    W, X, b = _random_problem(seed, D, d_z, N, unit=False)
+    C = W.T @ (X - b[:, None])
+    lam = max(float(C.max()), 1e-3) * (1.0 + margin)  # ‖(Wᵀx̃)₊‖∞ ≤ λ for every point
+    res = exact_codes(W, X, b, lam)
+    assert np.all(res.Z == 0.0)
+    assert res.converged and res.iterations == 1
+    assert kkt_violation(W, res.Z, X, b, lam) == 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Against scikit-learn: sparse_encode(lasso_cd, positive=True, alpha=λ) has the same minimiser
+# --------------------------------------------------------------------------------------------
+
+
+def test_matches_sklearn_sparse_encode_lasso_cd() -> None:
+    from sklearn.decomposition import sparse_encode
+
+    rng = np.random.default_rng(7)
+    D, d_z, N, lam = 24, 64, 150, 0.15
+    W = rng.normal(size=(D, d_z))
+    W /= np.linalg.norm(W, axis=0)
+    Z0 = rng.exponential(size=(d_z, N)) * (rng.random((d_z, N)) < 0.1)
+    b = rng.normal(size=D) * 0.2
+    X = W @ Z0 + b[:, None] + 0.05 * rng.normal(size=(D, N))
+    res = exact_codes(W, X, b, lam)
+    assert res.converged and res.kkt_violation <= TOL
+    Zs = sparse_encode(
+        (X - b[:, None]).T, W.T, algorithm="lasso_cd", alpha=lam, positive=True, max_iter=10_000
+    ).T
+    assert np.all(Zs >= 0)
+    np.testing.assert_allclose(res.Z, Zs, atol=1e-5)
+    # sklearn stops at its own duality-gap tolerance: never better than the exact codes
+    assert sae_objective(W, res.Z, b, X, lam) <= sae_objective(W, Zs, b, X, lam) + 1e-12
+    assert kkt_violation(W, Zs, X, b, lam) <= 1e-3
+
+
+# --------------------------------------------------------------------------------------------
+# Structure, options and determinism
+# --------------------------------------------------------------------------------------------
+
+
+def _medium(seed=3, D=32, d_z=96, N=300):
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(D, d_z))
+    W /= np.linalg.norm(W, axis=0)
+    Z0 = rng.exponential(size=(d_z, N)) * (rng.random((d_z, N)) < 0.08)
+    X = W @ Z0 + 0.05 * rng.normal(size=(D, N))
+    return W, X, np.zeros(D)
+
+
+def test_batching_determinism_and_sparse_output() -> None:
+    W, X, b = _medium()
+    lam = 0.1
+    a = exact_codes(W, X, b, lam)
+    a2 = exact_codes(W, X, b, lam)
+    np.testing.assert_array_equal(a.Z, a2.Z)  # deterministic
+    c = exact_codes(W, X, b, lam, batch_size=37)
+    np.testing.assert_allclose(a.Z, c.Z, atol=1e-10, rtol=0)
+    assert c.kkt_violation <= TOL
+    n_threads = torch.get_num_threads()
+    for workers in (1, 3):  # thread-pool over batches vs in-order batches: same codes
+        w = exact_codes(W, X, b, lam, batch_size=40, workers=workers)
+        assert torch.get_num_threads() == n_threads  # restored after the worker pool
+        np.testing.assert_allclose(a.Z, w.Z, atol=1e-10, rtol=0)
+        assert w.converged and w.kkt_violation <= TOL
+    s = exact_codes(W, X, b, lam, sparse_output=True)
+    assert sp.issparse(s.Z) and s.Z.shape == a.Z.shape
+    np.testing.assert_array_equal(s.Z.toarray(), a.Z)
+    assert kkt_violation(W, s.Z, X, b, lam) == pytest.approx(kkt_violation(W, a.Z, X, b, lam))
+    assert a.mean_support == pytest.approx(np.count_nonzero(a.Z) / X.shape[1])
+    assert a.n_unconverged == 0 and a.seconds > 0 and a.tol == TOL
+
+
+def test_zero_atom_duplicate_atoms_and_wide_supports() -> None:
+    W, X, b = _medium(seed=5, D=12, d_z=40, N=60)
+    W[:, 3] = 0.0  # a zero atom never activates
+    W = np.concatenate([W, W[:, :5], 2.0 * W[:, 5:8]], axis=1)  # duplicates and rescaled copies
+    for lam in (1e-3, 0.05, 0.5):  # from nearly dense supports (≈ D) to very sparse codes
+        res = exact_codes(W, X, b, lam)
+        assert res.converged, (lam, res.kkt_violation)
+        assert np.all(res.Z[3] == 0.0)
+        assert kkt_violation(W, res.Z, X, b, lam) <= TOL
+        ref = _cvxpy_codes(W, X, b, lam)
+        assert sae_objective(W, res.Z, b, X, lam) <= sae_objective(W, ref, b, X, lam) + 1e-9
+
+
+def test_not_converged_is_reported_not_raised() -> None:
+    W, X, b = _medium()
+    res = exact_codes(W, X, b, 0.1, max_iter=1)
+    assert not res.converged
+    assert res.iterations == 1 and res.n_unconverged > 0
+    assert np.isfinite(res.kkt_violation) and res.kkt_violation > TOL
+    assert res.kkt_violation == pytest.approx(kkt_violation(W, res.Z, X, b, 0.1), rel=1e-9)
+    loose = exact_codes(W, X, b, 0.1, tol=1e-3)
+    assert loose.converged and loose.kkt_violation <= 1e-3
+
+
+def test_progress_bar_and_empty_input() -> None:
+    W, X, b = _medium(N=50)
+    import contextlib
+
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = exact_codes(W, X, b, 0.1, progress=True, batch_size=20)
+    assert res.converged
+    empty = exact_codes(W, X[:, :0], b, 0.1)
+    assert empty.Z.shape == (W.shape[1], 0) and empty.converged and empty.kkt_violation == 0.0
+
+
+def test_kkt_violation_matches_spec_phi_for_unit_atoms() -> None:
+    W, X, b = _medium(N=40)
+    lam = 0.1
+    Z = exact_codes(W, X, b, lam).Z
+    Z_pert = Z * 1.01  # move off the optimum
+    phi = W.T @ (X - b[:, None] - W @ Z_pert) / lam
+    spec = np.where(Z_pert > 0, np.abs(phi - 1), np.maximum(phi - 1, 0)).max()
+    assert kkt_violation(W, Z_pert, X, b, lam) == pytest.approx(spec, rel=1e-12)
+    # interior-point codes: tiny positive entries need the τ_act threshold
+    Zc = _cvxpy_codes(W, X, b, lam)
+    assert kkt_violation(W, Zc, X, b, lam, tau_act=1e-6 * Zc.max()) <= 1e-5
+
+
+# --------------------------------------------------------------------------------------------
+# Error paths
+# --------------------------------------------------------------------------------------------
+
+
+def test_errors() -> None:
+    W, X, b = _medium(N=5)
+    D, d_z = W.shape
+    bad_calls = [
+        dict(W=W[:, 0], X=X, b=b, lam=0.1),  # W not 2-D
+        dict(W=W, X=X[:-1], b=b, lam=0.1),  # X has the wrong D
+        dict(W=W, X=X[:, 0], b=b, lam=0.1),  # X not 2-D
+        dict(W=W, X=X, b=b[:-1], lam=0.1),  # b has the wrong length
+        dict(W=np.where(np.eye(D, d_z) > 0, np.nan, W), X=X, b=b, lam=0.1),
+        dict(W=W, X=np.where(np.eye(D, 5) > 0, np.inf, X), X_=None, b=b, lam=0.1),
+        dict(W=W, X=X, b=np.full(D, np.nan), lam=0.1),
+        dict(W=W, X=X, b=b, lam=0.0),
+        dict(W=W, X=X, b=b, lam=-1.0),
+        dict(W=W, X=X, b=b, lam=float("nan")),
+        dict(W=W, X=X, b=b, lam=float("inf")),
+        dict(W=W, X=X, b=b, lam=0.1, tol=0.0),
+        dict(W=W, X=X, b=b, lam=0.1, max_iter=0),
+        dict(W=W, X=X, b=b, lam=0.1, batch_size=0),
+        dict(W=W, X=X, b=b, lam=0.1, workers=0),
+        dict(W=W, X=X, b=b, lam=0.1, dtype=torch.int64),
+        dict(W=np.zeros((D, 0)), X=X, b=b, lam=0.1),
+    ]
+    for kw in bad_calls:
+        kw.pop("X_", None)
+        with pytest.raises(ValueError):
+            exact_codes(**kw)
+    Z = np.zeros((d_z, 5))
+    with pytest.raises(ValueError):
+        kkt_violation(W, -np.ones((d_z, 5)), X, b, 0.1)
+    with pytest.raises(ValueError):
+        kkt_violation(W, Z[:, :4], X, b, 0.1)
+    with pytest.raises(ValueError):
+        kkt_violation(W, Z, X, b, 0.0)
+    with pytest.raises(ValueError):
+        kkt_violation(W, np.full((d_z, 5), np.nan), X, b, 0.1)

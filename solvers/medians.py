@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from theory.huber import huber_objective_hessian
+
 
 _MAX_NEWTON_DIM = 512
 _STALL = 25
@@ -106,15 +108,6 @@ def _huber_local(X: NDArray, b: NDArray, lam: float) -> _Local:
 def _mm_step(loc: _Local) -> NDArray[np.float64]:
     """b ← Σ ω_i x_i / Σ ω_i = b + Σ ω_i (x_i − b) / Σ ω_i (spec §4.3; Weiszfeld for ω_i = 1/ρ_i)."""
     return loc.b + loc.pull / loc.weight_sum
-
-
-def _huber_hessian(loc: _Local, lam: float) -> NDArray[np.float64]:
-    """∇²H = (2/N)[Σ_{ρ≤λ} I + Σ_{ρ>λ} (λ/ρ)(I − uuᵀ)], u = (x − b)/ρ."""
-    out = loc.rho > lam
-    w = lam / loc.rho[out] ** 3
-    D, N = loc.diff.shape
-    U = loc.diff[:, out]
-    return 2.0 * ((np.count_nonzero(~out) + np.sum(lam / loc.rho[out])) * np.eye(D) - (U * w) @ U.T) / N
 
 
 def _coincident(rho: NDArray, scale: float) -> NDArray[np.bool_]:
@@ -231,7 +224,7 @@ def huber_median(
         b = np.array([_huber_median_1d(X[0], lam)])
         return _result(_huber_local(X, b, lam), 0, np.inf, start)  # exact
     b = np.mean(X, axis=1) if b0 is None else np.asarray(b0, dtype=np.float64).copy()
-    hessian = (lambda loc: _huber_hessian(loc, lam)) if X.shape[0] <= _MAX_NEWTON_DIM else None
+    hessian = (lambda loc: huber_objective_hessian(loc.b, X, lam)) if X.shape[0] <= _MAX_NEWTON_DIM else None
     loc, iterations = _minimise(_huber_local(X, b, lam), lambda bb: _huber_local(X, bb, lam),
                                 _mm_step, hessian, stop, max_iter)
     return _result(loc, iterations, stop, start)

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from theory.certificate import cert_ratio, certificate_matrix, certified_gap
 from theory.dense_scalar import dense_scalar_optimum
-from theory.huber import huber, huber_objective, huber_objective_gradient, per_point_bound_attainer
+from theory.huber import (
+    huber, huber_objective, huber_objective_gradient, huber_objective_hessian, per_point_bound_attainer,
+)
 from theory.objective import (
     centred, q_program, q_program_gradient, q_residuals, ridge_decoder, sae_objective, scaled_objective,
     to_balanced, to_unit_atoms,
@@ -206,3 +208,16 @@ def test_certified_gap_bounds_the_true_gap(seed: int, lam: float) -> None:
     gap = certified_gap(value, b, X, lam, learned_bias=True)
     assert gap.gap_at_bias == pytest.approx(0.01)
     assert gap.certified_gap >= value - best - 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(seeds, lams)
+def test_huber_hessian_finite_differences(seed: int, lam: float) -> None:
+    rng = np.random.default_rng(seed)
+    X, b, e = rng.normal(size=(3, 9)), rng.normal(size=3), rng.normal(size=3)
+    h = 1e-6
+    fd = (huber_objective_gradient(b + h * e, X, lam) - huber_objective_gradient(b - h * e, X, lam)) / (2 * h)
+    rho = np.linalg.norm(X - b[:, None], axis=0)
+    if np.min(np.abs(rho - lam)) < 1e-4:
+        return  # a point on the knee of h_λ: H is not twice differentiable there
+    np.testing.assert_allclose(fd, huber_objective_hessian(b, X, lam) @ e, rtol=1e-5, atol=1e-7)

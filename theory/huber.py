@@ -40,6 +40,21 @@ def huber_objective_gradient(b: ArrayLike, X: NDArray, lam: float) -> NDArray[np
     return -2.0 * (diff @ weights) / diff.shape[1]
 
 
+def huber_objective_hessian(b: ArrayLike, X: NDArray, lam: float) -> NDArray[np.float64]:
+    """∇²H(b) = (2/N)[Σ_{ρ_i≤λ} I + Σ_{ρ_i>λ} (λ/ρ_i)(I − u_i u_iᵀ)], u_i = (x_i − b)/ρ_i (spec §4.3).
+
+    H is twice differentiable except on the spheres ρ_i = λ; there this is one-sided.
+    """
+    b = np.asarray(b, dtype=np.float64)
+    diff = np.asarray(X, dtype=np.float64) - b.reshape(-1, 1)
+    rho = np.linalg.norm(diff, axis=0)
+    out = rho > lam
+    D, N = diff.shape
+    U = diff[:, out]
+    inner = np.count_nonzero(~out) + np.sum(lam / rho[out])
+    return 2.0 * (inner * np.eye(D) - (U * (lam / rho[out] ** 3)) @ U.T) / N
+
+
 def geometric_median_objective(b: ArrayLike, X: NDArray) -> float:
     """(1/N) Σ_i ‖x_i − b‖, the objective of the plain geometric median."""
     return float(np.mean(point_distances(X, b)))

@@ -126,3 +126,10 @@ def test_a_raising_check_is_an_error_and_the_others_still_run(tmp_path: Path, mo
 
 def test_run_only_matching_nothing_is_a_user_error(tmp_path: Path) -> None:
     assert main(["run", "--only", "no.such.*", "--out", str(tmp_path)]) == 2
+
+
+def test_dnn_refuses_large_n_with_a_pointer_to_wide_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "big.npy", np.random.default_rng(0).normal(size=(101, 2)))
+    assert main(["solve", "dnn", "--data", str(tmp_path / "big.npy"), "--lam", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-points" in err and "wide-limit" in err

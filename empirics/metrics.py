@@ -116,7 +116,9 @@ def _pair(x: Any, x_hat: Any) -> tuple[NDArray[np.float64], NDArray[np.float64]]
     xa = _tokens(x, "x")
     xh = _tokens(x_hat, "x_hat")
     if xa.shape != xh.shape:
-        raise ValueError(f"x and x_hat must have the same shape (N, D); got {xa.shape} and {xh.shape}")
+        raise ValueError(
+            f"x and x_hat must have the same shape (N, D); got {xa.shape} and {xh.shape}"
+        )
     return xa, xh
 
 
@@ -332,7 +334,9 @@ def dead_frac(codes: Any, *, tol: float = 0.0) -> float:
 # everything at once
 
 
-def reconstruction_metrics(x: Any, x_hat: Any, codes: Any = None, *, tol: float = 0.0) -> dict[str, float]:
+def reconstruction_metrics(
+    x: Any, x_hat: Any, codes: Any = None, *, tol: float = 0.0
+) -> dict[str, float]:
     """All §2 reconstruction metrics, keyed exactly by their spec/ecosystem.md §2 names.
 
     x, x_hat: (N, D); codes: optional (N, d_sae), all tokens as rows. Returns the keys
@@ -368,7 +372,9 @@ def reconstruction_metrics(x: Any, x_hat: Any, codes: Any = None, *, tol: float 
 # amortisation gap (spec/theory.md §6) — THEORY LAYOUT: X (D, N), W (D, d_z), Z (d_z, N)
 
 
-def _theory_args(W: Any, Z: Any, b: Any, X: Any, zname: str) -> tuple[NDArray, NDArray, NDArray, NDArray]:
+def _theory_args(
+    W: Any, Z: Any, b: Any, X: Any, zname: str
+) -> tuple[NDArray, NDArray, NDArray, NDArray]:
     Wa = _as_f64(W, "W")
     Za = _as_f64(Z, zname)
     ba = _as_f64(b, "b").reshape(-1)
@@ -427,5 +433,6 @@ def amortisation_gap(W: Any, Z_encoder: Any, Z_exact: Any, b: Any, X: Any, lam: 
         W_unit, _ = to_unit_atoms(Wa, np.zeros((Wa.shape[1], 0)))
         Z_unit = np.asarray(exact_codes(W_unit, Xa, _as_f64(b, "b").reshape(-1), lam).Z)
         norms = np.linalg.norm(Wa, axis=0)
-        Z_exact = np.where(norms[:, None] > 0, Z_unit / np.where(norms > 0, norms, 1.0)[:, None], 0.0)
+        safe = np.where(norms > 0, norms, 1.0)[:, None]
+        Z_exact = np.where(norms[:, None] > 0, Z_unit / safe, 0.0)
     return unit_atom_objective(W, Z_encoder, b, X, lam) - unit_atom_objective(W, Z_exact, b, X, lam)

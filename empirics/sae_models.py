@@ -1,0 +1,471 @@
+"""Linear sparse autoencoders: ``relu``, ``topk``, ``batchtopk``, ``jumprelu``, ``abs``.
+
+Specs: spec/ecosystem.md §1 (SAELens weight names) and §3 (decoder norms, init, AuxK);
+spec/theory.md §1 (objective (1)), §4.5 (signed codes) and §7 (relation to trained SAEs).
+
+Layout: tokens are ROWS. ``x`` is (B, d_in), codes are (B, d_sae). Parameters use the SAELens names
+and shapes: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in]. The rows of W_dec
+are the atoms; the theory's dictionary is W = W_decᵀ (D × d_z).
+
+Pre-activation: a = (x − b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc. Decoder: x̂ = z @ W_dec + b_dec.
+
+Per-arch codes and losses (every loss is a mean over the B tokens; ``mse`` = (1/B) Σ_t ‖x_t − x̂_t‖²,
+the ecosystem ``mse``):
+
+* ``relu``: z = ReLU(a); loss = mse + 2λ·mean_t ‖z_t‖₁. With unit-norm decoder rows this is exactly
+  objective (1) of theory.md §1 evaluated at the encoder's (amortised) codes.
+* ``topk``: z = ReLU of the top-k entries of a per token, all others 0 (≤ k non-zeros per token).
+  loss = mse (+ AuxK).
+* ``batchtopk``: training mode keeps the top k·B entries of ReLU(a) over the whole batch.
+  **Decision (inference threshold):** a scalar θ is tracked in training mode as an exponential
+  running mean of the minimum kept (positive) activation, θ ← (1 − m)·θ + m·min_kept with
+  m = ``batchtopk_momentum`` = 0.01 (SAELens' ``topk_threshold`` rule; dictionary_learning uses the
+  same idea with β = 0.999), initialised by the first training batch. In eval mode
+  z = ReLU(a)·1[ReLU(a) > θ] (the dictionary_learning inference rule). Before any training batch
+  has been seen (θ < 0) eval mode falls back to the batch rule. θ is not a SAELens weight; it is
+  exposed by :meth:`SparseAutoencoder.arch_fields` as ``{"threshold": θ}``, to be stored under
+  ``metadata.dictcheck.batchtopk.threshold`` (the key sae_io uses for dictionary_learning).
+  loss = mse (+ AuxK).
+* ``jumprelu`` (Rajamanoharan et al. 2024, *Jumping Ahead: Improving Reconstruction Fidelity with
+  JumpReLU Sparse Autoencoders*, arXiv:2407.14435): θ_d = exp(log_threshold_d) > 0 (parameter
+  ``log_threshold``; ``state_weights()`` exposes SAELens' ``threshold`` = θ), z = a·H(a − θ),
+  loss = mse + λ·mean_t Σ_d H(a_td − θ_d). H has no useful gradient, so two custom autograd
+  functions supply the paper's straight-through pseudo-gradients with the rectangle kernel
+  K(u) = 1[|u| < ½] and bandwidth ε:
+
+  - :class:`JumpReLUFn`  (z = a·H(a − θ)): ∂z/∂a = H(a − θ); ∂z/∂θ = −(θ/ε)·K((a − θ)/ε).
+  - :class:`StepFn`      (H(a − θ)):       ∂H/∂a = 0;       ∂H/∂θ = −(1/ε)·K((a − θ)/ε).
+
+  The forward values are exact (no smoothing). The L0 term therefore trains θ only, as in the paper.
+* ``abs`` (signed codes). **dictcheck Decision** (theory.md §4.5, "signed codes with the |z|
+  penalty"; §7 "absolute-value activations give signed codes"): with u = (x − b_dec·[apply]) @ W_enc
+  (b_enc NOT added), z = sign(u)·ReLU(|u| + b_enc), i.e. the symmetric soft threshold with learnable
+  per-latent threshold −b_enc, the signed analogue of ``relu`` (the bias acts as a threshold on both
+  sides). loss = mse + 2λ·mean_t ‖z_t‖₁ (objective (1) with Z signed and ‖·‖₁ = Σ|z|). With b_dec = 0
+  the encoder is odd: encode(−x) = −encode(x). b_enc is initialised to 0 (z = u at init).
+
+Init (ecosystem §3): W_dec ~ Gaussian rows from a ``torch.Generator`` seeded by ``seed``, normalised to
+unit norm; W_enc = W_decᵀ (tied init); b_enc = 0; b_dec = ``b_dec_init`` or 0; jumprelu θ =
+``init_threshold``.
+
+Decoder norms (ecosystem §3 Decision; all five archs): unit-norm rows. The training loop calls
+:meth:`SparseAutoencoder.remove_parallel_grad_` before ``optimizer.step()`` and
+:meth:`SparseAutoencoder.normalise_decoder_` after it.
+
+AuxK (TopK family only, ``aux_coef`` > 0, ``forward(x, dead_mask)``), exactly ecosystem §3:
+k_aux = d_in // 2; per token the top min(k_aux, n_dead) of the dead latents' ReLU'd pre-activations
+are decoded WITHOUT b_dec, ê = z_aux @ W_dec; target e = (x − x̂).detach();
+aux = aux_coef · min(n_dead/k_aux, 1) · Σ_t‖e_t − ê_t‖² / Σ_t‖e_t − ē‖². It is exactly 0 when
+nothing is dead, when ``dead_mask`` is None, and (Decision) when Σ_t‖e_t − ē‖² = 0 (no residual
+variance to explain, e.g. B = 1). For non-TopK archs ``aux_coef`` is stored but ignored
+(aux_loss = 0), so a training loop may pass one value for every arch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
+TOPK_FAMILY = ("topk", "batchtopk")
+LAM_ARCHS = ("relu", "jumprelu", "abs")
+SAELENS_WEIGHT_NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")
+
+__all__ = [
+    "ARCHS",
+    "JumpReLUFn",
+    "SaeOutput",
+    "SparseAutoencoder",
+    "StepFn",
+    "make_sae",
+]
+
+
+@dataclass
+class SaeOutput:
+    """Everything :meth:`SparseAutoencoder.forward` returns (tensors; scalars are 0-d)."""
+
+    x_hat: Tensor  # (B, d_in)
+    codes: Tensor  # (B, d_sae); signed for 'abs'
+    loss: Tensor  # mse + sparsity_loss + aux_loss
+    mse: Tensor  # (1/B) Σ_t ‖x_t − x̂_t‖²
+    sparsity_loss: Tensor  # relu/abs: 2λ·mean_t‖z_t‖₁; jumprelu: λ·mean_t L0 (STE); topk family: 0
+    aux_loss: Tensor  # AuxK; exactly 0 when disabled or nothing is dead
+    l0: Tensor  # mean_t #{d : z_td ≠ 0}
+
+
+def _rect(u: Tensor) -> Tensor:
+    """Rectangle kernel K(u) = 1[|u| < ½]."""
+    return (u.abs() < 0.5).to(u.dtype)
+
+
+class JumpReLUFn(torch.autograd.Function):
+    """z = a·H(a − θ) with STE gradients ∂z/∂a = H(a − θ), ∂z/∂θ = −(θ/ε)·K((a − θ)/ε)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, theta: Tensor, bandwidth: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, theta)
+        ctx.bandwidth = bandwidth
+        return a * (a > theta).to(a.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        a, theta = ctx.saved_tensors
+        eps = ctx.bandwidth
+        grad_a = grad_out * (a > theta).to(a.dtype)
+        grad_theta = -(theta / eps) * _rect((a - theta) / eps) * grad_out
+        grad_theta = grad_theta.reshape(-1, theta.shape[-1]).sum(0)
+        return grad_a, grad_theta, None
+
+
+class StepFn(torch.autograd.Function):
+    """H(a − θ) with STE gradients ∂H/∂a = 0, ∂H/∂θ = −(1/ε)·K((a − θ)/ε)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, theta: Tensor, bandwidth: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, theta)
+        ctx.bandwidth = bandwidth
+        return (a > theta).to(a.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        a, theta = ctx.saved_tensors
+        eps = ctx.bandwidth
+        grad_theta = -(1.0 / eps) * _rect((a - theta) / eps) * grad_out
+        grad_theta = grad_theta.reshape(-1, theta.shape[-1]).sum(0)
+        return torch.zeros_like(a), grad_theta, None
+
+
+class SparseAutoencoder(torch.nn.Module):
+    """Linear SAE with SAELens parameter names; see the module docstring for each arch.
+
+    Build with :func:`make_sae` (validates arguments and initialises the weights).
+    """
+
+    def __init__(
+        self,
+        arch: str,
+        d_in: int,
+        d_sae: int,
+        *,
+        k: int | None = None,
+        lam: float | None = None,
+        aux_coef: float = 0.0,
+        jumprelu_bandwidth: float = 1e-3,
+        init_threshold: float = 1e-3,
+        apply_b_dec_to_input: bool = True,
+        batchtopk_momentum: float = 0.01,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        _validate(arch, d_in, d_sae, k, lam, aux_coef, jumprelu_bandwidth, init_threshold, batchtopk_momentum)
+        self.arch = arch
+        self.d_in = int(d_in)
+        self.d_sae = int(d_sae)
+        self.k = int(k) if arch in TOPK_FAMILY else None
+        self.lam = float(lam) if arch in LAM_ARCHS else None
+        self.aux_coef = float(aux_coef)
+        self.jumprelu_bandwidth = float(jumprelu_bandwidth)
+        self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
+        self.batchtopk_momentum = float(batchtopk_momentum)
+        self.W_enc = torch.nn.Parameter(torch.zeros(d_in, d_sae, dtype=dtype))
+        self.b_enc = torch.nn.Parameter(torch.zeros(d_sae, dtype=dtype))
+        self.W_dec = torch.nn.Parameter(torch.zeros(d_sae, d_in, dtype=dtype))
+        self.b_dec = torch.nn.Parameter(torch.zeros(d_in, dtype=dtype))
+        if arch == "jumprelu":
+            self.log_threshold = torch.nn.Parameter(torch.full((d_sae,), math.log(init_threshold), dtype=dtype))
+        if arch == "batchtopk":
+            # Scalar inference threshold θ; −1 means "not estimated yet".
+            self.register_buffer("batchtopk_threshold", torch.tensor(-1.0, dtype=dtype))
+
+    # ------------------------------------------------------------------ encoder / decoder
+    @property
+    def threshold(self) -> Tensor:
+        """JumpReLU θ = exp(log_threshold) [d_sae] (differentiable)."""
+        if self.arch != "jumprelu":
+            raise AttributeError(f"arch {self.arch!r} has no per-latent threshold")
+        return self.log_threshold.exp()
+
+    def _encoder_input(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.d_in:
+            raise ValueError(f"input has last dimension {x.shape[-1]}, expected d_in = {self.d_in}")
+        return x - self.b_dec if self.apply_b_dec_to_input else x
+
+    def pre_activation(self, x: Tensor) -> Tensor:
+        """a = (x − b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc (for 'abs' this includes b_enc too)."""
+        return self._encoder_input(x) @ self.W_enc + self.b_enc
+
+    def _encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(codes, pre-activation a used for AuxK / L0). x is (B, d_in)."""
+        if self.arch == "abs":
+            u = self._encoder_input(x) @ self.W_enc
+            z = torch.sign(u) * torch.relu(u.abs() + self.b_enc)
+            return z, u + self.b_enc
+        a = self.pre_activation(x)
+        if self.arch == "relu":
+            return torch.relu(a), a
+        if self.arch == "topk":
+            k = min(self.k, self.d_sae)
+            vals, idx = torch.topk(a, k, dim=-1)
+            z = torch.zeros_like(a).scatter(-1, idx, torch.relu(vals))
+            return z, a
+        if self.arch == "batchtopk":
+            r = torch.relu(a)
+            theta = self.batchtopk_threshold
+            if not self.training and float(theta) >= 0:
+                return r * (r > theta).to(r.dtype), a
+            flat = r.reshape(-1)
+            n_keep = min(self.k * r.shape[0], flat.numel())
+            vals, idx = torch.topk(flat, n_keep)
+            z = torch.zeros_like(flat).scatter(0, idx, vals).reshape(r.shape)
+            return z, a
+        if self.arch == "jumprelu":
+            return JumpReLUFn.apply(a, self.threshold, self.jumprelu_bandwidth), a
+        raise AssertionError(self.arch)  # pragma: no cover
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Codes z, shape (B, d_sae). batchtopk in training mode selects over the whole batch."""
+        return self._encode(_as_2d(x, self.d_in))[0]
+
+    def decode(self, z: Tensor) -> Tensor:
+        """x̂ = z @ W_dec + b_dec."""
+        if z.shape[-1] != self.d_sae:
+            raise ValueError(f"codes have last dimension {z.shape[-1]}, expected d_sae = {self.d_sae}")
+        return z @ self.W_dec + self.b_dec
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
+        x = _as_2d(x, self.d_in)
+        B = x.shape[0]
+        z, a = self._encode(x)
+        x_hat = self.decode(z)
+        resid = x - x_hat
+        mse = resid.pow(2).sum() / B
+        zero = mse.new_zeros(())
+        if self.arch in ("relu", "abs"):
+            sparsity = 2.0 * self.lam * z.abs().sum() / B
+        elif self.arch == "jumprelu":
+            sparsity = self.lam * StepFn.apply(a, self.threshold, self.jumprelu_bandwidth).sum() / B
+        else:
+            sparsity = zero
+        aux = zero
+        if self.arch in TOPK_FAMILY:
+            if self.arch == "batchtopk" and self.training:
+                self._update_batchtopk_threshold(z)
+            if self.aux_coef > 0 and dead_mask is not None:
+                aux = self.auxk_loss(x, x_hat, a, dead_mask)
+        l0 = (z != 0).sum(dim=-1).to(x.dtype).mean()
+        return SaeOutput(
+            x_hat=x_hat, codes=z, loss=mse + sparsity + aux, mse=mse, sparsity_loss=sparsity, aux_loss=aux, l0=l0
+        )
+
+    @torch.no_grad()
+    def _update_batchtopk_threshold(self, z: Tensor) -> None:
+        pos = z[z > 0]
+        if pos.numel() == 0:
+            return
+        m = pos.min().to(self.batchtopk_threshold.dtype)
+        th = self.batchtopk_threshold
+        if float(th) < 0:
+            th.copy_(m)
+        else:
+            th.mul_(1.0 - self.batchtopk_momentum).add_(self.batchtopk_momentum * m)
+
+    def auxk_loss(self, x: Tensor, x_hat: Tensor, a: Tensor, dead_mask: Tensor) -> Tensor:
+        """AuxK loss (ecosystem §3), see the module docstring. Exactly 0 when nothing is dead."""
+        dead_mask = dead_mask.to(device=a.device, dtype=torch.bool).reshape(-1)
+        if dead_mask.numel() != self.d_sae:
+            raise ValueError(f"dead_mask has {dead_mask.numel()} entries, expected d_sae = {self.d_sae}")
+        zero = a.new_zeros(())
+        n_dead = int(dead_mask.sum())
+        if n_dead == 0 or self.aux_coef <= 0:
+            return zero
+        k_aux = max(self.d_in // 2, 1)
+        k_eff = min(k_aux, n_dead)
+        e = (x - x_hat).detach()
+        masked = torch.where(dead_mask, a, torch.full_like(a, -math.inf))
+        vals, idx = torch.topk(masked, k_eff, dim=-1)
+        z_aux = torch.zeros_like(a).scatter(-1, idx, torch.relu(vals))
+        e_hat = z_aux @ self.W_dec  # no b_dec
+        num = (e - e_hat).pow(2).sum()
+        den = (e - e.mean(dim=0, keepdim=True)).pow(2).sum()
+        scale = self.aux_coef * min(n_dead / k_aux, 1.0)
+        if float(den) <= 0:
+            return zero
+        return scale * num / den
+
+    # ------------------------------------------------------------------ decoder-norm constraint
+    @torch.no_grad()
+    def normalise_decoder_(self) -> None:
+        """Rescale every decoder row (atom) to unit ℓ2 norm (zero rows are left at zero)."""
+        norms = self.W_dec.norm(dim=1, keepdim=True)
+        self.W_dec.div_(torch.where(norms > 0, norms, torch.ones_like(norms)))
+
+    @torch.no_grad()
+    def remove_parallel_grad_(self) -> None:
+        """g_d ← g_d − (g_d·w_d / ‖w_d‖²) w_d for every decoder row (call before optimizer.step)."""
+        g = self.W_dec.grad
+        if g is None:
+            return
+        w = self.W_dec
+        sq = w.pow(2).sum(dim=1, keepdim=True)
+        coef = (g * w).sum(dim=1, keepdim=True) / torch.where(sq > 0, sq, torch.ones_like(sq))
+        g.sub_(coef * w)
+
+    # ------------------------------------------------------------------ save / load
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """SAELens tensor names -> shapes for this arch."""
+        shapes = {
+            "W_enc": (self.d_in, self.d_sae),
+            "b_enc": (self.d_sae,),
+            "W_dec": (self.d_sae, self.d_in),
+            "b_dec": (self.d_in,),
+        }
+        if self.arch == "jumprelu":
+            shapes["threshold"] = (self.d_sae,)
+        return shapes
+
+    def state_weights(self) -> dict[str, Tensor]:
+        """SAELens-named detached copies: W_enc, b_enc, W_dec, b_dec (+ ``threshold`` for jumprelu)."""
+        out = {n: getattr(self, n).detach().clone() for n in SAELENS_WEIGHT_NAMES}
+        if self.arch == "jumprelu":
+            out["threshold"] = self.log_threshold.detach().exp().clone()
+        return out
+
+    @torch.no_grad()
+    def load_state_weights(self, weights: dict[str, Tensor]) -> None:
+        """Inverse of :meth:`state_weights`; names and shapes must match exactly (ValueError otherwise)."""
+        shapes = self.weight_shapes()
+        missing = sorted(set(shapes) - set(weights))
+        extra = sorted(set(weights) - set(shapes))
+        if missing or extra:
+            raise ValueError(f"arch {self.arch!r}: missing tensors {missing}, unexpected tensors {extra}")
+        for name, shape in shapes.items():
+            t = torch.as_tensor(weights[name])
+            if tuple(t.shape) != shape:
+                raise ValueError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+        for name in SAELENS_WEIGHT_NAMES:
+            p = getattr(self, name)
+            p.copy_(torch.as_tensor(weights[name]).to(device=p.device, dtype=p.dtype))
+        if self.arch == "jumprelu":
+            th = torch.as_tensor(weights["threshold"]).to(device=self.log_threshold.device, dtype=self.log_threshold.dtype)
+            if not bool((th > 0).all()):
+                raise ValueError("tensor 'threshold' must be strictly positive (parameterised as log_threshold)")
+            self.log_threshold.copy_(th.log())
+
+    def arch_fields(self) -> dict[str, float | int | None]:
+        """Architecture fields for ``metadata.dictcheck.<arch>`` (batchtopk: the inference θ, or None)."""
+        if self.arch == "batchtopk":
+            th = float(self.batchtopk_threshold)
+            return {"threshold": th if th >= 0 else None}
+        return {}
+
+    @torch.no_grad()
+    def load_arch_fields(self, fields: dict) -> None:
+        """Inverse of :meth:`arch_fields` (unknown keys are ignored)."""
+        if self.arch == "batchtopk" and fields.get("threshold") is not None:
+            self.batchtopk_threshold.fill_(float(fields["threshold"]))
+
+    def extra_repr(self) -> str:
+        return f"arch={self.arch!r}, d_in={self.d_in}, d_sae={self.d_sae}, k={self.k}, lam={self.lam}, aux_coef={self.aux_coef}"
+
+
+def _as_2d(x: Tensor, d_in: int) -> Tensor:
+    if x.dim() != 2 or x.shape[1] != d_in:
+        raise ValueError(f"expected x of shape (B, d_in={d_in}) with tokens as rows, got {list(x.shape)}")
+    return x
+
+
+def _validate(
+    arch: str,
+    d_in: int,
+    d_sae: int,
+    k: int | None,
+    lam: float | None,
+    aux_coef: float,
+    bandwidth: float,
+    init_threshold: float,
+    momentum: float,
+) -> None:
+    if arch not in ARCHS:
+        raise ValueError(f"unknown SAE architecture {arch!r}; expected one of {ARCHS}")
+    for name, v in (("d_in", d_in), ("d_sae", d_sae)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if arch in TOPK_FAMILY:
+        if k is None:
+            raise ValueError(f"arch {arch!r} requires k (number of active latents per token)")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_sae:
+            raise ValueError(f"arch {arch!r}: k must be an int in [1, d_sae={d_sae}], got {k!r}")
+    if arch in LAM_ARCHS:
+        if lam is None:
+            raise ValueError(f"arch {arch!r} requires lam (the λ of theory objective (1) / the L0 coefficient)")
+        if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
+            raise ValueError(f"arch {arch!r}: lam must be a finite number >= 0, got {lam!r}")
+    if not (math.isfinite(aux_coef) and aux_coef >= 0):
+        raise ValueError(f"aux_coef must be finite and >= 0, got {aux_coef!r}")
+    if arch == "jumprelu":
+        if not (math.isfinite(bandwidth) and bandwidth > 0):
+            raise ValueError(f"jumprelu_bandwidth must be > 0, got {bandwidth!r}")
+        if not (math.isfinite(init_threshold) and init_threshold > 0):
+            raise ValueError(f"init_threshold must be > 0, got {init_threshold!r}")
+    if not 0 < momentum <= 1:
+        raise ValueError(f"batchtopk_momentum must be in (0, 1], got {momentum!r}")
+
+
+def make_sae(
+    arch: str,
+    d_in: int,
+    d_sae: int,
+    *,
+    k: int | None = None,
+    lam: float | None = None,
+    aux_coef: float = 0.0,
+    jumprelu_bandwidth: float = 1e-3,
+    init_threshold: float = 1e-3,
+    b_dec_init: Tensor | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    apply_b_dec_to_input: bool = True,
+    batchtopk_momentum: float = 0.01,
+) -> SparseAutoencoder:
+    """Build and initialise an SAE (ecosystem §3 init): unit-norm random W_dec rows from a generator
+    seeded by ``seed``, W_enc = W_decᵀ, b_enc = 0, b_dec = ``b_dec_init`` or 0.
+
+    Raises ValueError for an unknown arch, a missing/invalid ``k`` (topk, batchtopk) or ``lam``
+    (relu, jumprelu, abs), or a ``b_dec_init`` of the wrong shape.
+    """
+    sae = SparseAutoencoder(
+        arch,
+        d_in,
+        d_sae,
+        k=k,
+        lam=lam,
+        aux_coef=aux_coef,
+        jumprelu_bandwidth=jumprelu_bandwidth,
+        init_threshold=init_threshold,
+        apply_b_dec_to_input=apply_b_dec_to_input,
+        batchtopk_momentum=batchtopk_momentum,
+        dtype=dtype,
+    )
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    w = torch.randn(d_sae, d_in, generator=gen, dtype=torch.float64)
+    w = w / w.norm(dim=1, keepdim=True)
+    with torch.no_grad():
+        sae.W_dec.copy_(w.to(dtype))
+        sae.normalise_decoder_()
+        sae.W_enc.copy_(sae.W_dec.detach().T)
+        sae.b_enc.zero_()
+        if b_dec_init is not None:
+            b = torch.as_tensor(b_dec_init)
+            if tuple(b.shape) != (d_in,):
+                raise ValueError(f"b_dec_init has shape {list(b.shape)}, expected [{d_in}]")
+            if not bool(torch.isfinite(b).all()):
+                raise ValueError("b_dec_init has non-finite values")
+            sae.b_dec.copy_(b.to(dtype))
+        else:
+            sae.b_dec.zero_()
+    return sae

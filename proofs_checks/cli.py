@@ -1,4 +1,4 @@
-"""The ``dictcheck`` command line: ``run``, ``solve`` and ``check-dict``.
+"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict`` and ``check-sae``.
 
 Every command accepts ``--json`` where it prints results. Bad input exits with code 2 and one
 line on stderr (``dictcheck: error: ...``); no traceback reaches the user.
@@ -23,13 +23,14 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> OneLineParser:
     """The top-level parser; each command module adds its own subparser."""
-    from proofs_checks import cmd_check_dict, cmd_solve, runner
+    from proofs_checks import cmd_check_dict, cmd_check_sae, cmd_solve, runner
 
     parser = OneLineParser(prog="dictcheck", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     runner.add_parser(commands)
     cmd_solve.add_parser(commands)
     cmd_check_dict.add_parser(commands)
+    cmd_check_sae.add_parser(commands)
     return parser
 
 

@@ -1,0 +1,722 @@
+"""Training loop for the linear SAEs of :mod:`empirics.sae_models` (spec/ecosystem.md §3).
+
+LAYOUT: ``X`` is a numpy array of shape (N, d_in), **one token per ROW** (like
+:mod:`empirics.metrics`, unlike ``theory/`` and ``solvers/``).
+
+What :func:`train` does, per the spec:
+
+* **Optimiser.** Adam (torch defaults β = (0.9, 0.999), ε = 1e-8). Default lr =
+  2e-4/√(d_sae/2^14) (dictionary_learning's TopK rule), overridable in :class:`TrainConfig`.
+  The learning rate of step s is ``lr · lr_schedule(s, steps)`` (see :func:`lr_schedule`).
+* **Gradient clipping** of the total gradient norm at 1.0 (``TrainConfig.clip_grad_norm``).
+* **Decoder norms.** Every architecture here (relu, topk, batchtopk, jumprelu, abs) has unit-norm
+  decoder rows: normalised once at init, ``remove_parallel_grad_()`` before clipping and the step,
+  ``normalise_decoder_()`` after the step.
+* **Init.** ``b_dec`` = geometric median of (up to 4096 rows of) the first batch by default;
+  ``"huber_median"`` (relu only) uses the Huber-smoothed median with the run's λ (theory §4.3);
+  ``"mean"`` and ``"zero"`` are also offered. The rest of the init is :func:`make_sae`'s (tied,
+  b_enc = 0).
+* **Batches** are drawn *with replacement* by ``torch.randint`` from a CPU ``torch.Generator``
+  seeded with ``seed`` (whose state is checkpointed), so a run is deterministic under its seed.
+* **Dead latents.** A per-latent counter of training tokens since the latent last fired
+  (fired = non-zero code on at least one token of the batch; the whole batch counts). A latent is
+  dead when the counter is ≥ T_dead = min(10M, 25% of the training tokens steps·batch_size)
+  (at least 1). So nothing is dead during the first T_dead tokens. When ``aux_coef > 0`` the
+  dead mask (computed *before* the batch) is passed to ``forward(x, dead_mask=...)``.
+* **Progress.** A tqdm bar counting tokens with postfix loss, mse, l0, dead% when stderr is a
+  terminal (``progress=None``), else one line to stderr every ``log_every`` steps; ``progress``
+  True/False forces the bar on/off.
+* **Log.** ``out_dir/train_log.jsonl``: one JSON object per line every ``log_every`` steps and at
+  the last step, with keys step (completed steps, 1-based), tokens, lr, loss, mse, sparsity_loss,
+  aux_loss, l0 (batch means), dead_frac_train, grad_norm (before clipping), elapsed_s.
+* **Checkpoints** ``out_dir/checkpoints/ckpt_<step:08d>.pt`` every ``checkpoint_every`` steps and
+  after the last step, each written atomically (temporary file in the same folder, fsync,
+  :func:`os.replace`). Each holds the model and Adam states, the batch generator, the global torch
+  (and CUDA) RNG states, the step, the dead-latent counters, the weight-relevant config and the data
+  hash. The newest ``keep_checkpoints`` are kept. ``train(..., resume=True)`` restarts from the
+  newest readable checkpoint (a fresh run when there is none), truncates the log to the steps the
+  checkpoint covers and continues; on the CPU the final weights are bit-identical to an
+  uninterrupted run (same machine, same torch thread count). Resuming with a config or data that
+  changes the result raises ValueError; ``resume=False`` on a folder that already holds
+  checkpoints raises FileExistsError rather than deleting them.
+* **Output.** The SAE folder itself is ``out_dir`` (:func:`empirics.sae_io.save_sae`: cfg.json,
+  sae_weights.safetensors, sparsity.safetensors, metrics.json). ``metadata.dictcheck`` gets seed,
+  n_tokens (= steps·batch_size, the training tokens processed), data_hash (sha256 hex of
+  ``X``'s C-contiguous bytes) and a ``training`` block (steps, batch_size, lr, aux_coef,
+  b_dec_init, T_dead, n_data_tokens).
+* **metrics.json** is computed on the TRAINING data (no held-out split; Decision): a seeded subset of
+  ``min(N, eval_tokens)`` rows drawn without replacement. It holds
+  :func:`empirics.metrics.reconstruction_metrics` of (x, x̂) plus ``l0``, ``dead_frac`` and
+  ``n_eval_tokens`` computed streaming over the same rows (same definitions, no (N, d_sae) matrix
+  in memory), ``dead_frac_train`` (the tracker at the end), ``eval_split`` = "train",
+  ``n_train_tokens`` and ``final_loss``. Non-finite values (e.g. rel_recon_bias = +inf) are
+  written as null because the file is strict JSON. ``sparsity.safetensors`` is the log10 firing
+  frequency on the same rows (-inf for latents that never fire).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from empirics.metrics import reconstruction_metrics
+from empirics.sae_io import SaeConfig, save_sae
+from empirics.sae_models import make_sae
+from solvers.medians import geometric_median, huber_median
+
+__all__ = [
+    "ARCHS",
+    "B_DEC_INITS",
+    "LOG_FILE",
+    "CHECKPOINT_DIR",
+    "TrainConfig",
+    "TrainResult",
+    "default_lr",
+    "lr_schedule",
+    "t_dead",
+    "data_hash",
+    "train",
+    "latest_checkpoint",
+]
+
+#: Architectures trained here; all use unit-norm decoder rows (ecosystem spec §3).
+ARCHS: tuple[str, ...] = ("relu", "topk", "batchtopk", "jumprelu", "abs")
+_UNIT_NORM = frozenset(ARCHS)
+_TOPK_FAMILY = frozenset({"topk", "batchtopk"})
+_LAM_ARCHS = ("relu", "jumprelu", "abs")
+B_DEC_INITS: tuple[str, ...] = ("geometric_median", "huber_median", "mean", "zero")
+LOG_FILE = "train_log.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+_CKPT_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
+_CKPT_FORMAT = 1
+_MEDIAN_SAMPLE = 4096
+_T_DEAD_MAX = 10_000_000
+#: TrainConfig fields that change the trained weights; a resume must match them exactly.
+_RESULT_FIELDS = ("arch", "d_sae", "k", "lam", "steps", "batch_size", "lr", "seed", "aux_coef",
+                  "b_dec_init", "clip_grad_norm", "dtype")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def default_lr(d_sae: int) -> float:
+    """dictionary_learning's TopK rule lr = 2e-4/√(d_sae/2^14)."""
+    return 2e-4 / math.sqrt(d_sae / 2**14)
+
+
+def lr_schedule(step: int, steps: int) -> float:
+    """Learning-rate multiplier of (0-based) step ``step`` of ``steps`` (spec §3 Decision).
+
+    With W = min(1000, ⌊steps/20⌋) warm-up steps and T = ⌊steps/5⌋ decay steps:
+
+    * warm-up: step < W  →  (step + 1)/W, so the first update already moves (no wasted step)
+      and step W − 1 reaches 1;
+    * constant 1 in between;
+    * decay: step ≥ steps − T  →  (steps − step)/T, which is 1 at the first decay step and falls
+      linearly to 1/T at the last step (it would be 0 at step = steps, after training).
+
+    Edge cases: W = 0 (steps < 20) means no warm-up and T = 0 (steps < 5) no decay, so
+    ``lr_schedule(0, 1) == 1``. Since W ≤ steps/20 < steps − T, warm-up and decay never overlap
+    (the minimum of both factors is taken anyway). ``steps`` < 1 or step outside [0, steps)
+    raises ValueError.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < steps:
+        raise ValueError(f"step must be an int in [0, steps={steps}), got {step!r}")
+    warm = min(1000, steps // 20)
+    decay = steps // 5
+    f = 1.0
+    if warm > 0 and step < warm:
+        f = min(f, (step + 1) / warm)
+    if decay > 0 and step >= steps - decay:
+        f = min(f, (steps - step) / decay)
+    return f
+
+
+def t_dead(steps: int, batch_size: int) -> int:
+    """T_dead = min(10M, 25% of the training tokens steps·batch_size), at least 1 (spec §2)."""
+    return max(1, min(_T_DEAD_MAX, (steps * batch_size) // 4))
+
+
+def data_hash(X: np.ndarray) -> str:
+    """sha256 hex digest of the C-contiguous bytes of ``X`` (its dtype as given)."""
+    return hashlib.sha256(memoryview(np.ascontiguousarray(X)).cast("B")).hexdigest()
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+@dataclass
+class TrainConfig:
+    """Training hyper-parameters (ecosystem spec §3). :meth:`validate` raises ValueError.
+
+    arch: one of :data:`ARCHS`. k: required for topk/batchtopk (1 ≤ k ≤ d_sae), rejected otherwise.
+    lam: sparsity coefficient (≥ 0), required for relu, jumprelu and abs, rejected for the TopK
+    family. aux_coef: AuxK coefficient (the model uses it for the TopK family only).
+    lr: None → :func:`default_lr` of d_sae, resolved at construction (so after
+    ``dataclasses.replace(cfg, d_sae=...)`` pass lr=None again). checkpoint_every: 0 → only the final checkpoint.
+    device: "auto" → CUDA when available, else CPU. b_dec_init: see :data:`B_DEC_INITS`
+    ("huber_median" needs relu and its λ). eval_tokens: rows of X used for metrics.json.
+    keep_checkpoints: how many of the newest checkpoints to keep (≥ 1).
+    """
+
+    arch: str
+    d_sae: int
+    k: int | None = None
+    lam: float | None = None
+    steps: int = 1000
+    batch_size: int = 4096
+    lr: float | None = None
+    seed: int = 0
+    aux_coef: float = 0.0
+    checkpoint_every: int = 1000
+    log_every: int = 100
+    device: str = "auto"
+    b_dec_init: str = "geometric_median"
+    dtype: str = "float32"
+    clip_grad_norm: float = 1.0
+    eval_tokens: int = 32768
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        if self.lr is None and _is_int(self.d_sae) and self.d_sae > 0:
+            self.lr = default_lr(int(self.d_sae))
+
+    def validate(self) -> None:
+        def bad(msg: str) -> ValueError:
+            return ValueError(f"TrainConfig: {msg}")
+
+        if self.arch not in ARCHS:
+            raise bad(f"arch must be one of {list(ARCHS)}, got {self.arch!r}")
+        for name in ("d_sae", "steps", "batch_size", "log_every", "eval_tokens", "keep_checkpoints"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise bad(f"{name} must be an int >= 1, got {v!r}")
+        if not _is_int(self.checkpoint_every) or self.checkpoint_every < 0:
+            raise bad(f"checkpoint_every must be an int >= 0 (0 = final checkpoint only), got {self.checkpoint_every!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise bad(f"seed must be an int >= 0, got {self.seed!r}")
+        if self.arch in _TOPK_FAMILY:
+            if not _is_int(self.k) or not 1 <= self.k <= self.d_sae:
+                raise bad(f"arch {self.arch!r} needs k, an int in [1, d_sae={self.d_sae}], got {self.k!r}")
+        elif self.k is not None:
+            raise bad(f"k is only used by {sorted(_TOPK_FAMILY)}, got k={self.k!r} for arch {self.arch!r}")
+        if self.arch in _LAM_ARCHS:
+            if self.lam is None:
+                raise bad(f"arch {self.arch!r} needs lam (its sparsity coefficient)")
+            if not _is_real(self.lam) or not math.isfinite(self.lam) or self.lam < 0:
+                raise bad(f"lam must be a finite number >= 0, got {self.lam!r}")
+        elif self.lam is not None:
+            raise bad(f"lam is only used by {list(_LAM_ARCHS)}, got lam={self.lam!r} for arch {self.arch!r}")
+        if not _is_real(self.lr) or not math.isfinite(self.lr) or self.lr <= 0:
+            raise bad(f"lr must be a finite number > 0, got {self.lr!r}")
+        if not _is_real(self.aux_coef) or not math.isfinite(self.aux_coef) or self.aux_coef < 0:
+            raise bad(f"aux_coef must be a finite number >= 0, got {self.aux_coef!r}")
+        if not _is_real(self.clip_grad_norm) or not math.isfinite(self.clip_grad_norm) or self.clip_grad_norm <= 0:
+            raise bad(f"clip_grad_norm must be a finite number > 0, got {self.clip_grad_norm!r}")
+        if self.b_dec_init not in B_DEC_INITS:
+            raise bad(f"b_dec_init must be one of {list(B_DEC_INITS)}, got {self.b_dec_init!r}")
+        if self.b_dec_init == "huber_median" and (self.arch != "relu" or not self.lam):
+            raise bad(f"b_dec_init 'huber_median' needs arch 'relu' with lam > 0, got arch {self.arch!r} lam={self.lam!r}")
+        if self.dtype not in _DTYPES:
+            raise bad(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.device, str) or not self.device:
+            raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError):
+                raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}") from None
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def result_fields(self) -> dict[str, Any]:
+        """The fields that change the trained weights (checked on resume)."""
+        d = dataclasses.asdict(self)
+        return {name: d[name] for name in _RESULT_FIELDS}
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns. ``weights`` are CPU tensors with SAELens names."""
+
+    out_dir: Path
+    weights: dict[str, torch.Tensor]
+    metrics: dict[str, Any]
+    steps: int
+    n_tokens: int
+    resumed_from: int | None
+    final_loss: float
+    dead_frac_train: float
+    log_path: Path
+    checkpoint_path: Path
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for p in ckpt_dir.iterdir():
+        m = _CKPT_RE.match(p.name)
+        if m and p.is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
+    """Path of the newest checkpoint in ``out_dir/checkpoints`` (by step), or None."""
+    found = _checkpoints(Path(out_dir) / CHECKPOINT_DIR)
+    return found[-1][1] if found else None
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any] | None:
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a checkpoint is written atomically, but be robust to foreign damage
+        return None
+    if not isinstance(ck, dict) or ck.get("format") != _CKPT_FORMAT:
+        return None
+    return ck
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _make_model(cfg: TrainConfig, d_in: int, b_dec: torch.Tensor | None, factory: Callable[..., Any] | None):
+    if factory is None:
+        factory = make_sae
+    return factory(
+        cfg.arch,
+        d_in,
+        cfg.d_sae,
+        k=cfg.k,
+        lam=cfg.lam,
+        aux_coef=cfg.aux_coef,
+        b_dec_init=b_dec,
+        seed=cfg.seed,
+        dtype=_DTYPES[cfg.dtype],
+    )
+
+
+def _b_dec_init(cfg: TrainConfig, Xt: torch.Tensor) -> torch.Tensor | None:
+    """b_dec from (up to 4096 rows of) the first batch: the rows step 0 will draw."""
+    if cfg.b_dec_init == "zero":
+        return torch.zeros(Xt.shape[1], dtype=_DTYPES[cfg.dtype])
+    g = torch.Generator(device="cpu")
+    g.manual_seed(cfg.seed)
+    idx = torch.randint(Xt.shape[0], (cfg.batch_size,), generator=g)[:_MEDIAN_SAMPLE]
+    sample = Xt[idx].to(torch.float64).numpy()
+    if cfg.b_dec_init == "mean":
+        b = sample.mean(axis=0)
+    elif cfg.b_dec_init == "geometric_median":
+        b = geometric_median(sample.T).b  # solvers layout: points as columns
+    else:  # huber_median, relu with its λ
+        b = huber_median(sample.T, float(cfg.lam)).b
+    return torch.as_tensor(np.asarray(b, dtype=np.float64)).to(_DTYPES[cfg.dtype])
+
+
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class _Progress:
+    """tqdm bar (terminal) or a log line every ``log_every`` steps to stderr."""
+
+    def __init__(self, enabled: bool | None, total_tokens: int, initial_tokens: int) -> None:
+        if enabled is None:
+            enabled = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_tokens, initial=initial_tokens, unit="tok", unit_scale=True,
+                            dynamic_ncols=True, desc="train")
+
+    def update(self, tokens: int) -> None:
+        if self.bar is not None:
+            self.bar.update(tokens)
+
+    def report(self, rec: dict[str, Any], steps: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{rec['loss']:.4g}", mse=f"{rec['mse']:.4g}", l0=f"{rec['l0']:.1f}",
+                                 dead=f"{100 * rec['dead_frac_train']:.1f}%", refresh=False)
+        else:
+            print(
+                f"[dictcheck.train] step {rec['step']}/{steps} tokens {rec['tokens']} lr {rec['lr']:.3g} "
+                f"loss {rec['loss']:.5g} mse {rec['mse']:.5g} l0 {rec['l0']:.2f} "
+                f"dead {100 * rec['dead_frac_train']:.1f}%",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _truncate_log(log_path: Path, upto_step: int) -> None:
+    """Keep the well-formed records with step ≤ upto_step (drops a torn last line too)."""
+    if not log_path.exists():
+        return
+    kept = []
+    for line in log_path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= upto_step:
+            kept.append(line)
+    _atomic_write_text(log_path, "".join(s + "\n" for s in kept))
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def _check_data(X: Any, cfg: TrainConfig) -> np.ndarray:
+    if not isinstance(X, np.ndarray):
+        raise ValueError(f"X must be a numpy array of shape (N, d_in), tokens as rows; got {type(X).__name__}")
+    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
+        raise ValueError(f"X must have shape (N, d_in) with N, d_in >= 1 (tokens as rows), got {X.shape}")
+    if not np.issubdtype(X.dtype, np.floating):
+        raise ValueError(f"X must be a floating-point array, got dtype {X.dtype}")
+    if not np.isfinite(X).all():
+        raise ValueError("X contains NaN or inf")
+    return X
+
+
+def train(
+    X: np.ndarray,
+    cfg: TrainConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    resume: bool = False,
+    progress: bool | None = None,
+    on_step: Callable[[int], None] | None = None,
+    model_factory: Callable[..., Any] | None = None,
+) -> TrainResult:
+    """Train an SAE on ``X`` (N, d_in; tokens as rows) and save it in ``out_dir``.
+
+    See the module docstring for the full behaviour. ``on_step(step)`` is called after every
+    completed step (1-based; after any checkpoint of that step), e.g. for external monitoring.
+    ``model_factory`` replaces :func:`empirics.sae_models.make_sae` (same signature).
+    Raises ValueError for a bad config or data, FileExistsError when ``resume`` is False and
+    ``out_dir`` already holds checkpoints, FloatingPointError on a non-finite loss.
+    """
+    cfg.validate()
+    X = _check_data(X, cfg)
+    N, d_in = X.shape
+    dhash = data_hash(X)
+    device = cfg.resolved_device()
+    dtype = _DTYPES[cfg.dtype]
+    B, steps = int(cfg.batch_size), int(cfg.steps)
+    T_dead = t_dead(steps, B)
+
+    out = Path(out_dir)
+    ckpt_dir = out / CHECKPOINT_DIR
+    log_path = out / LOG_FILE
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ckpt_dir.glob(".ckpt_*.tmp"):  # left by a kill during a checkpoint write
+        with contextlib.suppress(OSError):
+            stale.unlink()
+
+    ck: dict[str, Any] | None = None
+    if resume:
+        for _, path in reversed(_checkpoints(ckpt_dir)):
+            ck = _load_checkpoint(path)
+            if ck is not None:
+                break
+        if ck is not None:
+            if ck["config"] != cfg.result_fields():
+                diff = {k: (ck["config"].get(k), v) for k, v in cfg.result_fields().items() if ck["config"].get(k) != v}
+                raise ValueError(f"cannot resume {out}: config differs from the checkpoint's (checkpoint, now): {diff}")
+            if ck["data_hash"] != dhash or ck["d_in"] != d_in:
+                raise ValueError(f"cannot resume {out}: the data differ from the checkpoint's (sha256 {ck['data_hash'][:12]}… vs {dhash[:12]}…)")
+    elif _checkpoints(ckpt_dir):
+        raise FileExistsError(f"{ckpt_dir} already holds checkpoints; pass resume=True or use an empty out_dir")
+
+    Xt = torch.from_numpy(np.ascontiguousarray(X)).to(dtype)
+    b_dec = None if ck is not None else _b_dec_init(cfg, Xt)
+    model = _make_model(cfg, d_in, b_dec, model_factory).to(device)
+    unit_norm = cfg.arch in _UNIT_NORM
+    opt = torch.optim.Adam(model.parameters(), lr=float(cfg.lr))
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(cfg.seed)
+    since_fired = torch.zeros(cfg.d_sae, dtype=torch.int64, device=device)
+    start = 0
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if ck is None:
+            if unit_norm:
+                with torch.no_grad():
+                    model.normalise_decoder_()
+            torch.manual_seed(cfg.seed)  # any randomness inside forward()
+            if log_path.exists():
+                log_path.unlink()
+        else:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            gen.set_state(ck["batch_rng"])
+            torch.set_rng_state(ck["torch_rng"])
+            if device.type == "cuda" and ck.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(ck["cuda_rng"], device)
+            since_fired = ck["since_fired"].to(device)
+            start = int(ck["step"])
+            _truncate_log(log_path, start)
+        resumed_from = start if ck is not None else None
+
+        def checkpoint(step: int) -> Path:
+            state = {
+                "format": _CKPT_FORMAT,
+                "step": step,
+                "tokens": step * B,
+                "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                "optimizer": _to_cpu(opt.state_dict()),
+                "batch_rng": gen.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "since_fired": since_fired.detach().cpu().clone(),
+                "config": cfg.result_fields(),
+                "data_hash": dhash,
+                "d_in": d_in,
+            }
+            path = ckpt_dir / f"ckpt_{step:08d}.pt"
+            _atomic_torch_save(state, path)
+            for _, old in _checkpoints(ckpt_dir)[: -cfg.keep_checkpoints]:
+                with contextlib.suppress(OSError):
+                    old.unlink()
+            return path
+
+        bar = _Progress(progress, steps * B, start * B)
+        t0 = time.perf_counter()
+        final_loss = float("nan")
+        last_ckpt = ckpt_dir / f"ckpt_{start:08d}.pt"
+        try:
+            with log_path.open("a", encoding="utf-8") as log:
+                for step in range(start, steps):
+                    idx = torch.randint(N, (B,), generator=gen)
+                    xb = Xt[idx].to(device, non_blocking=False)
+                    lr_t = float(cfg.lr) * lr_schedule(step, steps)
+                    for group in opt.param_groups:
+                        group["lr"] = lr_t
+                    dead = since_fired >= T_dead
+                    res = model(xb, dead_mask=dead if cfg.aux_coef > 0 else None)
+                    opt.zero_grad(set_to_none=True)
+                    res.loss.backward()
+                    if unit_norm:
+                        model.remove_parallel_grad_()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg.clip_grad_norm))
+                    opt.step()
+                    if unit_norm:
+                        with torch.no_grad():
+                            model.normalise_decoder_()
+                    with torch.no_grad():
+                        fired = (res.codes != 0).reshape(-1, cfg.d_sae).any(dim=0)
+                        since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + B)
+                    done = step + 1
+                    bar.update(B)
+                    if done % cfg.log_every == 0 or done == steps:
+                        loss_v = float(res.loss.detach())
+                        if not math.isfinite(loss_v):
+                            raise FloatingPointError(f"non-finite loss {loss_v} at step {done}")
+                        final_loss = loss_v
+                        rec = {
+                            "step": done,
+                            "tokens": done * B,
+                            "lr": lr_t,
+                            "loss": loss_v,
+                            "mse": float(res.mse.detach()),
+                            "sparsity_loss": float(res.sparsity_loss.detach()),
+                            "aux_loss": float(res.aux_loss.detach()),
+                            "l0": float(res.l0.detach()),
+                            "dead_frac_train": float((since_fired >= T_dead).double().mean()),
+                            "grad_norm": float(grad_norm),
+                            "elapsed_s": round(time.perf_counter() - t0, 3),
+                        }
+                        log.write(json.dumps({k: _finite_or_none(v) for k, v in rec.items()}) + "\n")
+                        log.flush()
+                        bar.report(rec, steps)
+                    if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == steps:
+                        log.flush()
+                        os.fsync(log.fileno())
+                        last_ckpt = checkpoint(done)
+                    if on_step is not None:
+                        on_step(done)
+        finally:
+            bar.close()
+        if start == steps:  # resumed from the final checkpoint: only the save was missing
+            last_ckpt = ckpt_dir / f"ckpt_{steps:08d}.pt"
+            with contextlib.suppress(OSError, json.JSONDecodeError, IndexError):
+                lines = log_path.read_text(encoding="utf-8").splitlines()
+                final_loss = float(json.loads(lines[-1])["loss"])
+
+        dead_frac_train = float((since_fired >= T_dead).double().mean())
+        model.eval()
+        metrics, sparsity = _evaluate(model, Xt, cfg, device)
+    metrics.update(
+        dead_frac_train=dead_frac_train,
+        eval_split="train",
+        n_train_tokens=steps * B,
+        n_data_tokens=N,
+        final_loss=final_loss,
+    )
+    metrics = {k: _finite_or_none(v) for k, v in metrics.items()}
+
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_weights().items()}
+    sae_cfg = SaeConfig.new(
+        cfg.arch,
+        d_in,
+        cfg.d_sae,
+        k=cfg.k if cfg.arch in _TOPK_FAMILY else None,
+        lam=cfg.lam,
+        seed=cfg.seed,
+        n_tokens=steps * B,
+        data_hash=dhash,
+        arch_fields=model.arch_fields() if hasattr(model, "arch_fields") else None,
+        dtype=cfg.dtype,
+        device="cpu",
+    )
+    sae_cfg.metadata["dictcheck"]["training"] = {
+        "steps": steps,
+        "batch_size": B,
+        "lr": float(cfg.lr),
+        "lr_schedule": "warmup_min(1000,5%)_constant_lineardecay_last20%",
+        "aux_coef": float(cfg.aux_coef),
+        "b_dec_init": cfg.b_dec_init,
+        "clip_grad_norm": float(cfg.clip_grad_norm),
+        "T_dead": T_dead,
+        "n_data_tokens": N,
+        "data_hash_kind": "sha256 of X bytes",
+    }
+    save_sae(out, weights, sae_cfg, sparsity=sparsity, metrics=metrics)
+    return TrainResult(
+        out_dir=out,
+        weights=weights,
+        metrics=metrics,
+        steps=steps,
+        n_tokens=steps * B,
+        resumed_from=resumed_from,
+        final_loss=final_loss,
+        dead_frac_train=dead_frac_train,
+        log_path=log_path,
+        checkpoint_path=last_ckpt,
+    )
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu(v) for v in obj)
+    return obj
+
+
+@torch.no_grad()
+def _evaluate(model: Any, Xt: torch.Tensor, cfg: TrainConfig, device: torch.device) -> tuple[dict[str, Any], torch.Tensor]:
+    """metrics.json contents and log10 firing frequency on a seeded subset of the training rows."""
+    N = Xt.shape[0]
+    n_eval = min(N, cfg.eval_tokens)
+    if n_eval < N:
+        g = torch.Generator(device="cpu")
+        g.manual_seed(cfg.seed + 1)
+        rows = torch.randperm(N, generator=g)[:n_eval].sort().values
+    else:
+        rows = torch.arange(N)
+    x_parts, xh_parts = [], []
+    fire = torch.zeros(cfg.d_sae, dtype=torch.int64)
+    nnz = 0
+    chunk = max(1, min(cfg.batch_size, 8192))
+    for i in range(0, n_eval, chunk):
+        xb = Xt[rows[i : i + chunk]]
+        res = model(xb.to(device))
+        active = (res.codes.detach().reshape(xb.shape[0], cfg.d_sae) != 0).cpu()
+        fire += active.sum(dim=0)
+        nnz += int(active.sum())
+        x_parts.append(xb.to(torch.float64).numpy())
+        xh_parts.append(res.x_hat.detach().cpu().to(torch.float64).reshape(xb.shape).numpy())
+    x = np.concatenate(x_parts)
+    x_hat = np.concatenate(xh_parts)
+    try:
+        metrics: dict[str, Any] = dict(reconstruction_metrics(x, x_hat))
+    except ValueError as exc:  # e.g. zero-variance data: keep training results, say why
+        metrics = {"metrics_error": str(exc)}
+    metrics["l0"] = nnz / n_eval
+    metrics["dead_frac"] = float((fire == 0).double().mean())
+    metrics["n_eval_tokens"] = int(n_eval)
+    freq = fire.to(torch.float64) / n_eval
+    sparsity = torch.log10(freq).to(_DTYPES[cfg.dtype])  # -inf where a latent never fired
+    return metrics, sparsity

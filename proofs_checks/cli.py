@@ -1,4 +1,4 @@
-"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict`` and ``check-sae``.
+"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict``, ``check-sae`` and ``train``.
 
 Every command accepts ``--json`` where it prints results. Bad input exits with code 2 and one
 line on stderr (``dictcheck: error: ...``); no traceback reaches the user.
@@ -23,7 +23,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> OneLineParser:
     """The top-level parser; each command module adds its own subparser."""
-    from proofs_checks import cmd_check_dict, cmd_check_sae, cmd_solve, runner
+    from proofs_checks import cmd_check_dict, cmd_check_sae, cmd_solve, cmd_train, runner
 
     parser = OneLineParser(prog="dictcheck", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -31,6 +31,7 @@ def build_parser() -> OneLineParser:
     cmd_solve.add_parser(commands)
     cmd_check_dict.add_parser(commands)
     cmd_check_sae.add_parser(commands)
+    cmd_train.add_parser(commands)
     return parser
 
 
@@ -46,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("dictcheck: interrupted\n")
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""`dictcheck train`: trains on a toy or an .npy file, saves a loadable SAE, resumes, rejects bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from empirics.sae_io import load_sae
+from proofs_checks.cli import main
+
+
+def test_train_on_a_toy_then_check_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sae"
+    argv = ["train", "--arch", "relu", "--toy", "independent_features", "--d-sae", "3", "--lam", "0.1",
+            "--steps", "60", "--batch-size", "32", "--checkpoint-every", "20", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 60 and summary["n_tokens"] == 60 * 32
+    assert 0 < summary["metrics"]["ve"] <= 1
+    weights, cfg = load_sae(out)
+    assert cfg.architecture == "standard" and cfg.dictcheck["lam"] == 0.1 and weights["W_dec"].shape == (3, 3)
+    assert main(argv + ["--resume"]) == 0  # resuming a finished run only re-saves
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--toy", "nope"], "unknown toy"),
+        ([], "exactly one of"),
+        (["--toy", "rank_one", "--data", "x.npy"], "exactly one of"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, extra: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "proofs_checks.cli", "train", "--arch", "topk", "--k", "1",
+                           "--d-sae", "2", "--out", str(tmp_path / "o"), *extra], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_missing_k_for_topk_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(40, 3)))
+    assert main(["train", "--arch", "topk", "--data", str(tmp_path / "x.npy"), "--d-sae", "4", "--out",
+                 str(tmp_path / "o")]) == 2
+    assert "needs k" in capsys.readouterr().err

@@ -1,0 +1,440 @@
+"""Checks of the theory against TRAINED sparse autoencoders (spec/theory.md §4, §5, §7, §8 Q2–Q3).
+
+Every check trains small SAEs of :mod:`empirics.sae_models` with the project's training loop
+(:func:`empirics.training.train`) on a toy of :mod:`empirics.toy_data` and compares what the SAE
+learned with the theory's prediction. Hyper-parameters are chosen once (stated in ``_TRAIN``
+and in each check's details), never tuned until a prediction holds: where a prediction fails,
+``passed`` is False and ``finding`` says what was observed.
+
+Layouts: toys are (D, N) with points as columns (theory layout); the training loop takes tokens as
+rows, so it gets ``X.T``. The theory's dictionary is W = W_decᵀ (unit columns), b = b_dec.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from empirics.metrics import amortisation_gap, unit_atom_objective  # noqa: E402
+from empirics.sae_models import make_sae  # noqa: E402
+from empirics.toy_data import make_toy  # noqa: E402
+from empirics.training import TrainConfig, train  # noqa: E402
+from proofs_checks.registry import CheckContext, Outcome, check  # noqa: E402
+from solvers.lasso_codes import exact_codes  # noqa: E402
+from solvers.wide_limit import solve_wide_limit  # noqa: E402
+from theory.diagnostics import dictionary_diagnostics, nested_pairs  # noqa: E402
+
+#: Fixed training settings (chosen once, not tuned): Adam with the loop's warm-up/decay schedule,
+#: float64 (tiny toys; removes float32 noise from objective comparisons), batches as large as the toy.
+_LR = 2e-2
+_JUMPRELU = {"jumprelu_bandwidth": 0.05, "init_threshold": 0.05}  # data are O(1): ε = 1e-3 would never move θ
+ANTIPODAL_P = (0.2, 0.3, 0.4, 0.6, 0.7, 0.8)
+ANTIPODAL_ARCHS = ("relu", "jumprelu", "abs")
+ANTIPODAL_U = (0.6, 0.8)
+PAIR_COS = -0.9
+LIVE_FRACTION = 0.01  # a latent is live when it fires on at least 1% of the points
+ABSORPTION_WIDTHS = (2, 3, 4, 6)
+GAP_ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
+GAP_TOL = -1e-9
+WIDE_REL_TOL = 0.02
+WIDE_COS = 0.99
+WIDE_BIAS_TOL = 0.05
+
+
+@dataclass
+class _Trained:
+    model: Any
+    W: np.ndarray  # (D, d_sae) unit columns
+    b: np.ndarray  # (D,)
+    Z: np.ndarray  # (d_sae, N) encoder codes (signed for 'abs')
+    final_loss: float
+
+
+def _train(X: np.ndarray, arch: str, d_sae: int, *, seed: int, steps: int, lam: float | None = None,
+           k: int | None = None, batch_size: int | None = None, b_dec_init: str = "geometric_median") -> _Trained:
+    """Train one SAE on X (D, N) with the project's loop (in a throw-away folder) and encode X."""
+    made: list[Any] = []
+
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        if arch == "jumprelu":
+            kwargs = {**kwargs, **_JUMPRELU}
+        made.append(make_sae(*args, **kwargs))
+        return made[-1]
+
+    cfg = TrainConfig(arch=arch, d_sae=d_sae, k=k, lam=lam if arch in ("relu", "jumprelu", "abs") else None,
+                      steps=steps, batch_size=batch_size or X.shape[1], lr=_LR, seed=int(seed), device="cpu",
+                      dtype="float64", checkpoint_every=0, log_every=max(steps, 1), b_dec_init=b_dec_init,
+                      keep_checkpoints=1)
+    rows = np.ascontiguousarray(X.T)
+    threads = torch.get_num_threads()
+    # Tiny tensors: one intra-op thread is fastest, and avoids OpenMP spin-waits that slow these runs
+    # down many-fold on a busy machine. Restored afterwards.
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="dictcheck_sae_") as tmp:
+            result = train(rows, cfg, Path(tmp), progress=False, model_factory=factory)
+    finally:
+        torch.set_num_threads(threads)
+    model = made[-1]
+    model.eval()
+    with torch.no_grad():
+        Z = model.encode(torch.from_numpy(rows)).numpy().T.copy()
+    W = result.weights["W_dec"].numpy().T.astype(np.float64)
+    return _Trained(model=model, W=W, b=result.weights["b_dec"].numpy().astype(np.float64), Z=Z,
+                    final_loss=float(result.final_loss))
+
+
+def _objective_signed(W: np.ndarray, Z: np.ndarray, b: np.ndarray, X: np.ndarray, lam: float) -> float:
+    """Objective (1) with signed codes and the |z| penalty (theory §4.5)."""
+    R = X - b[:, None] - W @ Z
+    return float((np.sum(R * R) + 2.0 * lam * np.sum(np.abs(Z))) / X.shape[1])
+
+
+def _live(Z: np.ndarray, min_fraction: float = 0.0) -> np.ndarray:
+    frac = np.mean(Z != 0, axis=1)
+    return frac > min_fraction
+
+
+def _min_pair_cosine(W: np.ndarray, live: np.ndarray) -> float | None:
+    idx = np.flatnonzero(live)
+    if idx.size < 2:
+        return None
+    C = W[:, idx].T @ W[:, idx]
+    np.fill_diagonal(C, np.inf)
+    return float(C.min())
+
+
+def _pair_support_overlap(W: np.ndarray, Z: np.ndarray, live: np.ndarray) -> float | None:
+    """Jaccard overlap of the supports of the most antipodal live pair: 0 for an S6 pair (each member
+    serves one side of b), 1 for a duplicated line (signed codes: the same points, opposite signs)."""
+    idx = np.flatnonzero(live)
+    if idx.size < 2:
+        return None
+    C = W[:, idx].T @ W[:, idx]
+    np.fill_diagonal(C, np.inf)
+    a, c = np.unravel_index(np.argmin(C), C.shape)
+    sa, sc = Z[idx[a]] != 0, Z[idx[c]] != 0
+    union = np.sum(sa | sc)
+    return float(np.sum(sa & sc) / union) if union else None
+
+
+def _rel(path: Path, ctx: CheckContext) -> str:
+    return str(path.relative_to(ctx.out_dir))
+
+
+# --------------------------------------------------------------------------------------------------
+# sae.antipodal_threshold
+
+
+def antipodal_table(ctx: CheckContext, p_grid: tuple[float, ...] = ANTIPODAL_P,
+                    archs: tuple[str, ...] = ANTIPODAL_ARCHS, steps: int = 1000, N: int = 2000) -> list[dict]:
+    """One row per (arch, p): live latents, firing fractions, the most negative live-pair cosine, b·u."""
+    rows = []
+    for arch in archs:
+        for p in p_grid:
+            toy = make_toy("dense_scalar", seed=ctx.seed, amplitude="uniform", p=float(p), N=N, D=2,
+                           u=ANTIPODAL_U, lam=0.1)
+            t = _train(toy.X, arch, 4, seed=ctx.seed, steps=steps, lam=toy.lam)
+            live = _live(t.Z, LIVE_FRACTION)
+            cos = _min_pair_cosine(t.W, live)
+            overlap = _pair_support_overlap(t.W, t.Z, live)
+            u = toy.ground_truth["u"]
+            firing = np.mean(t.Z != 0, axis=1)
+            rows.append({
+                "arch": arch, "p": float(p), "p_hat": toy.ground_truth["p_hat"], "n_live": int(live.sum()),
+                "firing_fraction": [round(float(f), 4) for f in firing],
+                "live_atom_cos_u": [round(float(t.W[:, d] @ u), 4) for d in np.flatnonzero(live)],
+                "min_live_pair_cosine": cos, "pair": bool(cos is not None and cos < PAIR_COS),
+                "pair_support_overlap": overlap,
+                "max_live_firing": float(firing[live].max()) if live.any() else 0.0,
+                "b_dot_u": float(t.b @ u), "final_loss": t.final_loss,
+            })
+    return rows
+
+
+def _plot_antipodal(path: Path, rows: list[dict]) -> Path:
+    fig, (ax_c, ax_f) = plt.subplots(1, 2, figsize=(10, 4))
+    for arch in dict.fromkeys(r["arch"] for r in rows):
+        sel = [r for r in rows if r["arch"] == arch]
+        p = [r["p"] for r in sel]
+        ax_c.plot(p, [np.nan if r["min_live_pair_cosine"] is None else r["min_live_pair_cosine"] for r in sel],
+                  marker="o", label=arch)
+        ax_f.plot(p, [r["max_live_firing"] for r in sel], marker="o", label=arch)
+    ax_c.axhline(PAIR_COS, color="k", ls=":", lw=1, label=f"pair threshold {PAIR_COS}")
+    ax_f.axhline(0.5, color="k", ls=":", lw=1, label="50% rule")
+    for ax in (ax_c, ax_f):
+        ax.axvline(0.5, color="grey", ls="--", lw=1)
+        ax.set_xlabel("firing probability p of the dense scalar")
+        ax.legend(fontsize=8)
+    ax_c.set_ylabel("most negative decoder cosine between live latents")
+    ax_f.set_ylabel("largest firing fraction of a live latent")
+    fig.suptitle("Trained SAEs (d_sae = 4) on the dense-scalar toy: antipodal pair above p = 1/2?")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+@check(
+    "sae.antipodal_threshold",
+    "Trained SAEs on the dense scalar: an antipodal pair iff p > 1/2 (relu, jumprelu), never with abs",
+    "theory.md §5.1, §4.5, §3 S6, §8 Q2",
+    predicted=f"Dense-scalar toy in D = 2 (u = {ANTIPODAL_U}, active values U[1, 3], N = 2000, λ = 0.1), d_sae = 4, "
+    f"p ∈ {list(ANTIPODAL_P)}: relu and jumprelu have two LIVE latents (firing on ≥ {LIVE_FRACTION:.0%} of the points) "
+    f"with decoder cosine < {PAIR_COS} iff p > 1/2; abs (signed codes) never has such a pair.",
+    quick=False,
+)
+def sae_antipodal_threshold(ctx: CheckContext) -> Outcome:
+    rows = antipodal_table(ctx)
+    mismatches = []
+    for r in rows:
+        expected = (r["p"] > 0.5) if r["arch"] in ("relu", "jumprelu") else False
+        r["expected_pair"] = expected
+        if r["pair"] != expected:
+            mismatches.append({"arch": r["arch"], "p": r["p"], "pair": r["pair"], "expected": expected,
+                               "min_live_pair_cosine": r["min_live_pair_cosine"],
+                               "pair_support_overlap": r["pair_support_overlap"]})
+    table = {arch: {f"{r['p']:.1f}": {"pair": r["pair"], "min_cos": r["min_live_pair_cosine"],
+                                      "n_live": r["n_live"], "max_firing": round(r["max_live_firing"], 3),
+                                      "support_overlap": r["pair_support_overlap"],
+                                      "b_dot_u": round(r["b_dot_u"], 3)}
+                    for r in rows if r["arch"] == arch} for arch in ANTIPODAL_ARCHS}
+    fig = _plot_antipodal(ctx.figure_path("sae_antipodal_threshold.png"), rows)
+    finding = None
+    if mismatches:
+        finding = "Prediction fails for " + "; ".join(
+            f"{m['arch']} at p = {m['p']}: pair {'present' if m['pair'] else 'absent'} "
+            f"(min live cosine {m['min_live_pair_cosine'] if m['min_live_pair_cosine'] is None else round(m['min_live_pair_cosine'], 3)}, "
+            f"support overlap {m['pair_support_overlap'] if m['pair_support_overlap'] is None else round(m['pair_support_overlap'], 2)})"
+            for m in mismatches) + ". Support overlap 1 means the two latents fire on the same points with opposite "
+        "signs (a duplicated line with signed codes), 0 a genuine S6 pair splitting the points on either side of b."
+    return Outcome(
+        measured={"table": table, "mismatches": mismatches},
+        tolerance={"pair_cosine": PAIR_COS, "live_fraction": LIVE_FRACTION},
+        tolerance_reason="An exact antipodal pair has cosine −1; −0.9 separates a pair from unrelated atoms (the "
+        "only other directions in 2-D rank-1 data are noise-free ±u or unused latents). Latents firing on < 1% of "
+        "the points are treated as dead so that a stray unused latent cannot make a pair.",
+        passed=not mismatches, finding=finding,
+        details={"rows": rows, "training": {"steps": 1000, "batch_size": 2000, "lr": _LR, "d_sae": 4,
+                                            "lam": 0.1, "b_dec_init": "geometric_median", "jumprelu": _JUMPRELU,
+                                            "note": "jumprelu's λ is its L0 coefficient (§7: no L1 theory)"}},
+        figures=[_rel(fig, ctx)],
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# sae.wide_limit
+
+
+def _wide_toy(seed: int):
+    angles = np.linspace(0.0, 2.0 * np.pi, 12, endpoint=False)
+    return make_toy("rays", seed=seed, angles=angles, radii=None, n_per_ray=1, radius_range=(1.0, 2.0),
+                    near_points=None, lam=0.3, learn_bias=True)
+
+
+def _hull_vertices(X: np.ndarray) -> int:
+    from scipy.spatial import ConvexHull
+
+    return int(len(ConvexHull(X.T).vertices))
+
+
+@check(
+    "sae.wide_limit",
+    "A wide L1 SAE (d_sae ≥ N) reaches the wide-limit (Huber) bound with ray atoms and the Huber-median bias",
+    "theory.md §4.2–§4.4, §7",
+    predicted=f"12 points in 2-D (one per ray at 30° steps, radii U[1, 2], λ = 0.3, learned bias), relu SAE with "
+    f"d_sae = 24: objective (1) with the ENCODER codes within {WIDE_REL_TOL:.0%} of the Huber bound H(b*) (exact "
+    f"codes of the learned decoder do no worse than the encoder's); every live atom has cosine > {WIDE_COS} with a "
+    f"ray atom of the wide-limit solution; ‖b_dec − b*‖ ≤ {WIDE_BIAS_TOL}.",
+    quick=False,  # issue 4 in progress: SAE-training checks stay outside --quick until settled
+)
+def sae_wide_limit(ctx: CheckContext) -> Outcome:
+    toy = _wide_toy(ctx.seed)
+    X, lam = toy.X, toy.lam
+    sol = solve_wide_limit(X, lam)
+    t = _train(X, "relu", 24, seed=ctx.seed, steps=3000, lam=lam)
+    o_enc = unit_atom_objective(t.W, t.Z, t.b, X, lam)
+    Zx = exact_codes(t.W, X, t.b, lam).Z
+    o_exact = unit_atom_objective(t.W, Zx, t.b, X, lam)
+    bound = sol.objective
+    live = _live(t.Z)
+    cos = t.W[:, live].T @ sol.rays.atoms if live.any() else np.zeros((0, sol.n_rays))
+    best = cos.max(axis=1) if cos.size else np.zeros(0)
+    bias_dist = float(np.linalg.norm(t.b - sol.b))
+    rel_enc = (o_enc - bound) / bound
+    rel_exact = (o_exact - bound) / bound
+    measured = {"huber_bound": bound, "objective_encoder_codes": o_enc, "objective_exact_codes": o_exact,
+                "rel_excess_encoder": rel_enc, "rel_excess_exact": rel_exact, "n_live": int(live.sum()),
+                "n_rays": sol.n_rays, "min_best_ray_cosine": float(best.min()) if best.size else None,
+                "bias_distance_to_huber_median": bias_dist, "b_dec": t.b, "huber_median": sol.b}
+    checks_ok = {"encoder_within_2pct": rel_enc <= WIDE_REL_TOL, "exact_le_encoder": o_exact <= o_enc + 1e-12,
+                 "atoms_align": bool(best.size and best.min() > WIDE_COS), "bias_near_median": bias_dist <= WIDE_BIAS_TOL}
+    failed = [k for k, ok in checks_ok.items() if not ok]
+    finding = None
+    if failed:
+        finding = (f"Wide relu SAE misses: {', '.join(failed)} (encoder objective {o_enc:.5f} vs bound {bound:.5f}, "
+                   f"+{100 * rel_enc:.2f}%; exact codes {o_exact:.5f}, +{100 * rel_exact:.2f}%; min best ray cosine "
+                   f"{measured['min_best_ray_cosine']}; ‖b − b*‖ = {bias_dist:.4f}). {_hull_vertices(X)} of 12 points "
+                   "are convex-hull vertices; a linear+ReLU encoder can isolate only hull vertices.")
+    return Outcome(
+        measured=measured,
+        tolerance={"rel_objective": WIDE_REL_TOL, "ray_cosine": WIDE_COS, "bias_distance": WIDE_BIAS_TOL},
+        tolerance_reason="2% is the issue's bar for an Adam-trained SAE (float64, 3000 steps) against a closed form; "
+        "0.99 cosine = 8° allows the small tilt of atoms when b_dec ≠ b*; the Huber objective is flat near its "
+        "minimum, so an O(√(2%)·λ) bias error is invisible in the objective: 0.05 (≈ λ/6, data radii 1–2).",
+        passed=not failed, finding=finding,
+        details={"checks": checks_ok, "best_ray_cosine_per_live_atom": best, "hull_vertices": _hull_vertices(X),
+                 "note": "evenly spaced directions: Σ_i unit vectors = 0 at the centre, so b* = centre = 0 "
+                 "whenever every point lies beyond λ (then the Huber median is the geometric median)",
+                 "training": {"d_sae": 24, "steps": 3000, "batch_size": 12, "lr": _LR, "b_dec_init": "geometric_median"}},
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# sae.absorption_vs_width
+
+
+def absorption_rows(ctx: CheckContext, widths: tuple[int, ...] = ABSORPTION_WIDTHS, steps: int = 2000) -> list[dict]:
+    toy = make_toy("parent_child", seed=ctx.seed)
+    X, lam, labels = toy.X, toy.lam, toy.ground_truth["labels"]
+    child = labels > 0
+    rows = []
+    for width in widths:
+        t = _train(X, "relu", width, seed=ctx.seed, steps=steps, lam=lam, b_dec_init="zero")
+        live = _live(t.Z)
+        idx = np.flatnonzero(live)
+        Zx = exact_codes(t.W, X, t.b, lam).Z
+        live_x = _live(Zx)
+        diag = dictionary_diagnostics(t.W[:, live_x], Zx[live_x], t.b, X, lam)
+        row: dict[str, Any] = {"width": width, "n_live": int(live.sum()), "b_dec": t.b,
+                               "objective_encoder": unit_atom_objective(t.W, t.Z, t.b, X, lam),
+                               "objective_exact": unit_atom_objective(t.W, Zx, t.b, X, lam),
+                               "nested_pairs_exact": [list(pr) for pr in diag.nested_pairs],
+                               "nested_pairs_encoder": [list(pr) for pr in nested_pairs((t.Z != 0)[live])]}
+        if idx.size:
+            cos_e = t.W[:, idx].T  # (n_live, 3): cosine with e1, e2, e3
+            parent = int(idx[np.argmax(cos_e[:, 0])])
+            kids = [int(idx[np.argmax(cos_e[:, c])]) for c in (1, 2)]
+            row.update({
+                "parent_latent": parent, "parent_cos_e1": float(t.W[0, parent]), "child_latents": kids,
+                "child_cos_own_axis": [float(t.W[c + 1, d]) for c, d in enumerate(kids)],
+                "child_parent_cosines": [float(t.W[:, parent] @ t.W[:, d]) if d != parent else None for d in kids],
+                "parent_off_on_child_points_encoder": float(np.mean(t.Z[parent, child] == 0)),
+                "parent_off_on_child_points_exact": float(np.mean(Zx[parent, child] <= 0)),
+                "parent_off_on_parent_only_points_encoder": float(np.mean(t.Z[parent, ~child] == 0)),
+            })
+        rows.append(row)
+    return rows
+
+
+@check(
+    "sae.absorption_vs_width",
+    "Parent/child toy: absorption in trained relu SAEs against width",
+    "theory.md §5.2, §3 S4, §8 Q3",
+    predicted="Parent/child toy (λ = 0.1), relu SAEs of widths 2, 3, 4, 6: at width 3 absorption is non-zero — "
+    "the parent latent is off on some child points (encoder codes) or a child latent has decoder cosine > 0.1 with "
+    "the parent latent. Other widths and the trend are measured, not predicted.",
+    quick=False,
+)
+def sae_absorption_vs_width(ctx: CheckContext) -> Outcome:
+    rows = absorption_rows(ctx)
+    by_width = {r["width"]: r for r in rows}
+    r3 = by_width[3]
+    tilts = [c for c in r3.get("child_parent_cosines", []) if c is not None]
+    off3 = r3.get("parent_off_on_child_points_encoder", 0.0)
+    absorbed3 = off3 > 0 or (bool(tilts) and max(tilts) > 0.1)
+    for r in rows:
+        if "parent_off_on_child_points_encoder" in r:
+            r["parent_off_excess_child_minus_parent_only"] = (r["parent_off_on_child_points_encoder"]
+                                                              - r["parent_off_on_parent_only_points_encoder"])
+    summary = {w: {"parent_off_on_child_points_encoder": r.get("parent_off_on_child_points_encoder"),
+                   "parent_off_on_parent_only_points_encoder": r.get("parent_off_on_parent_only_points_encoder"),
+                   "parent_off_excess_child_minus_parent_only": r.get("parent_off_excess_child_minus_parent_only"),
+                   "b_dec_parent_coordinate": float(r["b_dec"][0]),
+                   "parent_off_on_child_points_exact": r.get("parent_off_on_child_points_exact"),
+                   "child_parent_cosines": r.get("child_parent_cosines"), "n_live": r["n_live"],
+                   "nested_pairs_exact": r["nested_pairs_exact"], "objective_encoder": r["objective_encoder"]}
+               for w, r in by_width.items()}
+    trend = "; ".join(
+        f"width {w}: parent off on {100 * (s['parent_off_on_child_points_encoder'] or 0):.0f}% of child points "
+        f"(exact codes {100 * (s['parent_off_on_child_points_exact'] or 0):.0f}%; on parent-only points "
+        f"{100 * (s['parent_off_on_parent_only_points_encoder'] or 0):.0f}%), b_dec₁ = {s['b_dec_parent_coordinate']:.2f}, "
+        "child–parent cos "
+        f"{[None if c is None else round(c, 3) for c in (s['child_parent_cosines'] or [])]}, {s['n_live']} live, "
+        f"nested (exact) {s['nested_pairs_exact']}, O_enc {s['objective_encoder']:.4f}"
+        for w, s in summary.items())
+    finding = ("Trend: " + trend + ("." if absorbed3 else ". Width 3 shows NO absorption, contrary to the prediction.")
+               + " Caveat: the SAE learns b_dec (the toy fixes b = 0), and the always-on parent moves into the bias "
+               "(b_dec₁ ≈ the parent's median amplitude), so the parent latent is off on a similar share of parent-only "
+               "points; the child-specific part of 'parent off' is the excess over the parent-only rate (reported), "
+               "and child tilts below 0.1 mean the §5.2 tilt form of absorption is not seen.")
+    return Outcome(
+        measured={"width_3_absorbed": absorbed3, "per_width": summary},
+        tolerance={"tilt_cos": 0.1, "parent_off_fraction": 0.0},
+        tolerance_reason="The spec's robust assertion (§5.2): at least one absorption measure non-zero; a tilt is "
+        "measured against 0.1 (the reference optimum has 0.61–0.63), any parent-off child point counts.",
+        passed=absorbed3, finding=finding,
+        details={"rows": rows, "training": {"steps": 2000, "batch_size": 120, "lr": _LR, "lam": 0.1,
+                                            "b_dec_init": "zero (the toy's b = 0; b_dec is still learned)"}},
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# sae.amortisation_gap
+
+
+def amortisation_rows(ctx: CheckContext, archs: tuple[str, ...] = GAP_ARCHS, steps: int = 1000) -> list[dict]:
+    toy = make_toy("independent_features", seed=ctx.seed)
+    X, lam = toy.X, toy.lam
+    rows = []
+    for arch in archs:
+        k = 2 if arch in ("topk", "batchtopk") else None
+        t = _train(X, arch, 6, seed=ctx.seed, steps=steps, lam=lam, k=k)
+        if arch == "abs":
+            # Signed codes with |z| penalty = non-negative codes on the doubled dictionary [W, −W] (§4.5).
+            W2 = np.hstack([t.W, -t.W])
+            Z2 = np.vstack([np.maximum(t.Z, 0), np.maximum(-t.Z, 0)])
+            gap = amortisation_gap(W2, Z2, None, t.b, X, lam)
+            o_enc = _objective_signed(t.W, t.Z, t.b, X, lam)
+            note = "signed codes: gap on the doubled dictionary [W, −W] with codes (z₊, z₋) (identical objective)"
+        else:
+            gap = amortisation_gap(t.W, t.Z, None, t.b, X, lam)
+            o_enc = unit_atom_objective(t.W, t.Z, t.b, X, lam)
+            note = "λ is descriptive for this arch (§7)" if arch not in ("relu",) else "loss = objective (1)"
+        rows.append({"arch": arch, "k": k, "gap": float(gap), "objective_encoder": o_enc,
+                     "objective_exact": o_enc - gap, "relative_gap": float(gap / o_enc) if o_enc else None,
+                     "l0_encoder": float(np.mean(np.sum(t.Z != 0, axis=0))), "note": note})
+    return rows
+
+
+@check(
+    "sae.amortisation_gap",
+    "Amortisation gap of trained SAEs: exact codes never do worse than the encoder",
+    "theory.md §6 amortisation_gap, §7, §8 Q3",
+    predicted=f"Independent-features toy (λ = 0.1), d_sae = 6, every arch (relu, topk k=2, batchtopk k=2, jumprelu, "
+    f"abs via [W, −W]): O(W, Z_encoder, b) − O(W, Z_exact, b) ≥ {GAP_TOL:g} at λ = toy.lam, W = W_decᵀ, b = b_dec.",
+    quick=False,  # issue 4 in progress: SAE-training checks stay outside --quick until settled
+)
+def sae_amortisation_gap(ctx: CheckContext) -> Outcome:
+    rows = amortisation_rows(ctx)
+    gaps = {r["arch"]: r["gap"] for r in rows}
+    passed = all(g >= GAP_TOL for g in gaps.values())
+    finding = "Gap per arch (mean objective units): " + ", ".join(
+        f"{r['arch']} {r['gap']:.4g} ({100 * (r['relative_gap'] or 0):.1f}% of O_enc)" for r in rows) + "."
+    return Outcome(
+        measured={"gaps": gaps, "min_gap": min(gaps.values())}, tolerance=GAP_TOL,
+        tolerance_reason="Exact codes minimise (1) for fixed (W, b), so the gap is ≥ 0; the lasso solver's KKT "
+        "tolerance (1e-8 relative) allows a negative value only at rounding level; −1e-9 is the issue's bar.",
+        passed=passed, finding=finding,
+        details={"rows": rows, "training": {"d_sae": 6, "steps": 1000, "batch_size": 150, "lr": _LR,
+                                            "jumprelu": _JUMPRELU}},
+    )

@@ -1,0 +1,66 @@
+"""The trained-SAE checks (proofs_checks/checks/sae.py): registration, the quick ones end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from proofs_checks.registry import CheckContext, load_all_checks
+
+SAE_IDS = ("sae.antipodal_threshold", "sae.wide_limit", "sae.absorption_vs_width", "sae.amortisation_gap")
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_all_checks()
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    return CheckContext(out_dir=tmp_path, seed=0, quick=True)
+
+
+def test_registered_with_predictions(registry):
+    for cid in SAE_IDS:
+        assert cid in registry, cid
+        assert isinstance(registry[cid].predicted, str) and registry[cid].predicted
+    for cid in SAE_IDS:  # SAE-training checks run in the full suite, not in `make run` (--quick)
+        assert registry[cid].quick is False
+
+
+def test_amortisation_gap_passes(registry, ctx):
+    out = registry["sae.amortisation_gap"].func(ctx)
+    assert out.passed, out.measured
+    assert set(out.measured["gaps"]) == {"relu", "topk", "batchtopk", "jumprelu", "abs"}
+    assert out.measured["min_gap"] >= -1e-9
+    assert out.tolerance == -1e-9 and out.tolerance_reason
+    for row in out.details["rows"]:
+        assert row["objective_exact"] <= row["objective_encoder"] + 1e-9
+    json.dumps(out.measured)
+
+
+def test_wide_limit_records_its_measurements(registry, ctx):
+    """The prediction (encoder within 2% of the bound) may fail on this data and is then a finding; the
+    theorem parts must hold whatever the training reached: bound ≤ exact-code objective ≤ encoder objective."""
+    out = registry["sae.wide_limit"].func(ctx)
+    m = out.measured
+    for key in ("huber_bound", "objective_encoder_codes", "objective_exact_codes", "rel_excess_encoder",
+                "min_best_ray_cosine", "bias_distance_to_huber_median", "n_live", "n_rays"):
+        assert key in m, key
+    assert m["huber_bound"] <= m["objective_exact_codes"] + 1e-9
+    assert m["objective_exact_codes"] <= m["objective_encoder_codes"] + 1e-12
+    assert out.passed == all(out.details["checks"].values())
+    assert out.passed or out.finding
+
+
+def test_antipodal_reduced_relu(ctx):
+    """A reduced run of the slow check's table: relu only, one p on either side of 1/2."""
+    from proofs_checks.checks.sae import antipodal_table
+
+    rows = antipodal_table(ctx, p_grid=(0.3, 0.7), archs=("relu",), steps=600)
+    by_p = {r["p"]: r for r in rows}
+    assert not by_p[0.3]["pair"] and by_p[0.7]["pair"]
+    assert by_p[0.7]["pair_support_overlap"] == pytest.approx(0.0, abs=1e-12)
+    assert np.isfinite(by_p[0.7]["b_dot_u"]) and by_p[0.7]["b_dot_u"] > 0.5

@@ -1,0 +1,240 @@
+"""Benchmark: SAE training throughput (tokens/s) of ours against SAELens, same CPU, same process.
+
+Reproduce (SAELens lives in its own venv, never in ``.venv``; ``.venv-bench/`` is git-ignored):
+
+    python3 -m venv .venv-bench
+    .venv-bench/bin/pip install -c constraints.txt sae-lens      # torch 2.13.0 CPU from disk
+    .venv-bench/bin/python benchmarks/bench_training.py          # ~4 min quiet, ~9 min on a loaded 2-core VM
+    .venv-bench/bin/python benchmarks/bench_training.py --quick  # seconds (small shapes)
+
+Ours is imported from this checkout (the repository root is put on ``sys.path``; only
+``empirics.sae_models`` and torch are needed), so both libraries run on the same torch build, the
+same CPU and in the same process. Without ``sae_lens`` importable (e.g. under ``.venv``) only ours
+is timed and the reason is printed.
+
+Setup (issue: d_in = 512, d_sae = 4096, batch 4096, float32, torch threads = 2):
+
+* **ours relu**: ``make_sae("relu", d_in, d_sae, lam=LAM)``; **ours topk**: ``make_sae("topk", ...,
+  k=32)`` (aux_coef = 0, TrainConfig's default). One step is exactly the loop body of
+  ``empirics.training.train`` minus the batch gather: set the lr, ``forward``, ``zero_grad``,
+  ``backward``, ``remove_parallel_grad_()``, ``clip_grad_norm_(…, 1.0)``, Adam ``step``,
+  ``normalise_decoder_()``, and the dead-latent counter update.
+* **SAELens standard**: ``StandardTrainingSAE(StandardTrainingSAEConfig(d_in, d_sae,
+  l1_coefficient=LAM))``; **SAELens topk**: ``TopKTrainingSAE(TopKTrainingSAEConfig(d_in, d_sae,
+  k=32))`` (its defaults otherwise: decoder_init_norm 0.1, rescale_acts_by_decoder_norm True,
+  dense activations, aux_loss_coefficient 1). One step is the body of SAELens's
+  ``SAETrainer._train_step``: ``training_forward_pass(TrainStepInput(...))`` with the trainer's
+  dead-neuron mask, its firing statistics, ``backward``, ``clip_grad_norm_(…, 1.0)``,
+  ``torch.optim.Adam`` step, ``zero_grad`` (the lr-scheduler step, a scalar update, is omitted;
+  no autocast, as on CPU float32). SAELens does not constrain decoder norms during training (its
+  L1 term and TopK selection multiply by ‖W_dec row‖ instead), so it has no counterpart of our
+  remove_parallel_grad_/normalise_decoder_.
+
+Data: random Gaussian activations, a pool of 4 fixed batches (same for both), cycled; no data
+loading is timed. Timing: per contender, ``--warmup`` untimed steps then ``--steps`` timed steps
+(wall clock, ``time.perf_counter``), tokens/s = steps·batch / time. The contenders are interleaved
+in ``--rounds`` rounds (fresh model + Adam each round) and the median round is reported, because
+the benchmark machine is shared. Ratio = ours tokens/s / SAELens tokens/s (> 1: ours faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from empirics.sae_models import make_sae  # noqa: E402
+
+LAM = 5.0  # sparsity coefficient (our λ, SAELens l1_coefficient); no effect on the work per step
+
+try:  # optional competitor
+    import sae_lens  # noqa: F401
+    from sae_lens.saes.sae import TrainStepInput
+    from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
+    from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+
+    SAELENS_ERROR: str | None = None
+except Exception as exc:  # noqa: BLE001 - report any import failure and carry on with ours
+    SAELENS_ERROR = f"{type(exc).__name__}: {exc}"
+
+
+def _version(pkg: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(pkg)
+    except Exception:  # noqa: BLE001
+        return "not installed"
+
+
+# --------------------------------------------------------------------------- ours
+def make_ours(arch: str, d_in: int, d_sae: int, k: int, lr: float):
+    kw = {"k": k} if arch == "topk" else {"lam": LAM}
+    model = make_sae(arch, d_in, d_sae, seed=0, **kw)
+    with torch.no_grad():
+        model.normalise_decoder_()  # as train() does at init
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    state = {"since_fired": torch.zeros(d_sae, dtype=torch.int64)}
+
+    def step(xb: torch.Tensor) -> float:
+        # == the loop body of empirics.training.train (minus the batch gather), aux_coef = 0
+        for group in opt.param_groups:
+            group["lr"] = lr
+        res = model(xb, dead_mask=None)
+        opt.zero_grad(set_to_none=True)
+        res.loss.backward()
+        model.remove_parallel_grad_()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            model.normalise_decoder_()
+            fired = (res.codes != 0).reshape(-1, d_sae).any(dim=0)
+            sf = state["since_fired"]
+            state["since_fired"] = torch.where(fired, torch.zeros_like(sf), sf + xb.shape[0])
+        return float(res.loss.detach())
+
+    return step
+
+
+# --------------------------------------------------------------------------- SAELens
+def make_saelens(arch: str, d_in: int, d_sae: int, k: int, lr: float):
+    if arch == "topk":
+        sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=k, dtype="float32", device="cpu"))
+        coeffs: dict[str, float] = {}
+    else:
+        sae = StandardTrainingSAE(
+            StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae, l1_coefficient=LAM, dtype="float32", device="cpu")
+        )
+        coeffs = {"l1": LAM}
+    opt = torch.optim.Adam(sae.parameters(), lr=lr, betas=(0.9, 0.999))
+    dead_feature_window = 1000  # SAELens default
+    st = {
+        "since_fired": torch.zeros(d_sae),
+        "act_freq": torch.zeros(d_sae),
+        "n_frac": 0,
+        "n_steps": 0,
+    }
+
+    def step(xb: torch.Tensor) -> float:
+        # == the body of sae_lens.training.sae_trainer.SAETrainer._train_step
+        sae.train()
+        out = sae.training_forward_pass(
+            step_input=TrainStepInput(
+                sae_in=xb,
+                dead_neuron_mask=(st["since_fired"] > dead_feature_window).bool(),
+                coefficients=coeffs,
+                n_training_steps=st["n_steps"],
+                is_logging_step=False,
+            )
+        )
+        with torch.no_grad():
+            firing = out.feature_acts.bool().float()
+            did_fire = firing.sum(-2).bool()
+            if did_fire.is_sparse:
+                did_fire = did_fire.to_dense()
+            st["since_fired"] += 1
+            st["since_fired"][did_fire] = 0
+            st["act_freq"] += firing.sum(0)
+            st["n_frac"] += xb.shape[0]
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        st["n_steps"] += 1
+        return float(out.loss.detach())
+
+    return step
+
+
+# --------------------------------------------------------------------------- timing
+def time_steps(step, batches: list[torch.Tensor], warmup: int, steps: int) -> float:
+    """Seconds for ``steps`` timed steps after ``warmup`` untimed ones."""
+    for i in range(warmup):
+        step(batches[i % len(batches)])
+    t0 = time.perf_counter()
+    last = 0.0
+    for i in range(steps):
+        last = step(batches[(warmup + i) % len(batches)])
+    dt = time.perf_counter() - t0
+    if last != last:  # NaN loss would mean a broken step
+        raise FloatingPointError("non-finite loss")
+    return dt
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--d-in", type=int, default=512)
+    p.add_argument("--d-sae", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--k", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="small shapes, 1 round (smoke run)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.d_in, a.d_sae, a.batch, a.steps, a.warmup, a.rounds = 64, 512, 512, 3, 1, 1
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    lr = 2e-4 / (a.d_sae / 2**14) ** 0.5  # default_lr; same for both (the lr does not change the cost)
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randn(a.batch, a.d_in, generator=gen, dtype=torch.float32) for _ in range(4)]
+
+    print(f"# SAE training throughput: d_in={a.d_in} d_sae={a.d_sae} batch={a.batch} k={a.k} float32, "
+          f"torch threads={torch.get_num_threads()}, {a.warmup} warm-up + {a.steps} timed steps, "
+          f"{a.rounds} interleaved rounds (median)")
+    print(f"# python {platform.python_version()}, torch {torch.__version__}, sae-lens {_version('sae-lens')}, "
+          f"{platform.machine()} {os.cpu_count()} CPUs, {platform.processor() or platform.platform()}")
+
+    contenders: list[tuple[str, str, object]] = [
+        ("ours", "relu", make_ours),
+        ("ours", "topk", make_ours),
+    ]
+    if SAELENS_ERROR is None:
+        contenders += [("SAELens", "relu", make_saelens), ("SAELens", "topk", make_saelens)]
+    else:
+        print(f"# SAELens skipped: {SAELENS_ERROR}")
+
+    rates: dict[tuple[str, str], list[float]] = {(lib, arch): [] for lib, arch, _ in contenders}
+    for r in range(a.rounds):
+        for lib, arch, factory in contenders:
+            step = factory(arch, a.d_in, a.d_sae, a.k, lr)
+            dt = time_steps(step, batches, a.warmup, a.steps)
+            rate = a.steps * a.batch / dt
+            rates[(lib, arch)].append(rate)
+            print(f"#   round {r + 1}: {lib:8s} {arch:5s} {dt / a.steps * 1e3:8.1f} ms/step  {rate:10.0f} tokens/s",
+                  flush=True)
+            del step
+
+    names = {"relu": "ReLU/L1 (SAELens: standard)", "topk": f"TopK k={a.k}"}
+    print()
+    print("| architecture | library | ms/step (median) | tokens/s (median) | tokens/s (min–max over rounds) |")
+    print("|---|---|---|---|---|")
+    for lib, arch, _ in contenders:
+        rs = rates[(lib, arch)]
+        med = statistics.median(rs)
+        print(f"| {names[arch]} | {lib} | {a.batch / med * 1e3:.1f} | {med:,.0f} | {min(rs):,.0f}–{max(rs):,.0f} |")
+    if SAELENS_ERROR is None:
+        print()
+        print("| architecture | ratio ours / SAELens tokens/s (median rounds) | per round |")
+        print("|---|---|---|")
+        for arch in ("relu", "topk"):
+            o, s = rates[("ours", arch)], rates[("SAELens", arch)]
+            per = ", ".join(f"{x / y:.2f}" for x, y in zip(o, s))
+            print(f"| {names[arch]} | {statistics.median(o) / statistics.median(s):.2f}× | {per} |")
+
+
+if __name__ == "__main__":
+    main()

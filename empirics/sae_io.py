@@ -48,7 +48,6 @@ import contextlib
 import copy
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +56,9 @@ from typing import Any
 import numpy as np
 import safetensors.torch
 import torch
+
+from empirics.atomic_files import fsync_dir as _fsync_dir
+from empirics.atomic_files import staged_file as _atomic_write_bytes
 
 __all__ = [
     "CFG_FILE",
@@ -494,24 +496,6 @@ def _to_tensor(name: str, x: Any, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- atomic writing
-def _atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a fsynced temporary file next to ``path``; return the temp path.
-
-    The caller moves it into place with :func:`os.replace`. On error the temp file is removed.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return Path(tmp)
-
-
 def _json_bytes(obj: Any, what: str) -> bytes:
     try:
         return (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode()
@@ -563,15 +547,6 @@ def save_sae(
                     tmp.unlink()
     _fsync_dir(directory)
     return directory
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _check_sparsity(sp: torch.Tensor, cfg: SaeConfig, source: str) -> None:

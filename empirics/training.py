@@ -59,12 +59,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +74,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from empirics.atomic_files import atomic_write_bytes
 from empirics.metrics import reconstruction_metrics
 from empirics.sae_io import SaeConfig, save_sae
 from empirics.sae_models import make_sae
@@ -278,45 +279,14 @@ class TrainResult:
 # checkpoints
 
 
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-    _fsync_dir(path.parent)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-    _fsync_dir(path.parent)
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:

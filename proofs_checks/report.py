@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from empirics.atomic_files import atomic_write_bytes
+
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON to a temporary file in the same directory, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON atomically (temporary file, then rename): a crash never leaves a partial file."""
+    atomic_write_bytes(path, (json.dumps(payload, indent=2) + "\n").encode("utf-8"))
 
 
 def _fmt(value: Any) -> str:

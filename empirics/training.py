@@ -197,6 +197,7 @@ class TrainConfig:
     clip_grad_norm: float = 1.0
     eval_tokens: int = 32768
     keep_checkpoints: int = 2
+    wandb_project: str | None = None
 
     def __post_init__(self) -> None:
         if self.lr is None and _is_int(self.d_sae) and self.d_sae > 0:
@@ -277,6 +278,18 @@ class TrainResult:
 
 # ---------------------------------------------------------------------------------------------
 # checkpoints
+
+
+def _wandb_run(cfg: TrainConfig, out: Path) -> Any:
+    """A W&B run when ``cfg.wandb_project`` asks for one (ecosystem.md §3: only if installed and asked)."""
+    if cfg.wandb_project is None:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError(f"W&B logging was asked for (project {cfg.wandb_project!r}) but the wandb package is "
+                         "not installed: pip install wandb") from None
+    return wandb.init(project=cfg.wandb_project, dir=str(out), config=dataclasses.asdict(cfg), resume="allow")
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
@@ -528,6 +541,7 @@ def train(
             return path
 
         bar = _Progress(progress, steps * B, start * B)
+        wandb_run = _wandb_run(cfg, out)
         t0 = time.perf_counter()
         final_loss = float("nan")
         last_ckpt = ckpt_dir / f"ckpt_{start:08d}.pt"
@@ -576,6 +590,8 @@ def train(
                         log.write(json.dumps({k: _finite_or_none(v) for k, v in rec.items()}) + "\n")
                         log.flush()
                         bar.report(rec, steps)
+                        if wandb_run is not None:
+                            wandb_run.log(rec, step=done)
                     if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == steps:
                         log.flush()
                         os.fsync(log.fileno())
@@ -584,6 +600,8 @@ def train(
                         on_step(done)
         finally:
             bar.close()
+            if wandb_run is not None:
+                wandb_run.finish()
         if start == steps:  # resumed from the final checkpoint: only the save was missing
             last_ckpt = ckpt_dir / f"ckpt_{steps:08d}.pt"
             with contextlib.suppress(OSError, json.JSONDecodeError, IndexError):

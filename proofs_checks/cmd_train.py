@@ -2,7 +2,7 @@
 
     dictcheck train --arch {relu,topk,batchtopk,jumprelu,abs} (--data X.npy | --toy NAME) --d-sae M
                     [--k K] [--lam L] [--steps S] [--batch-size B] [--lr LR] [--seed S]
-                    [--aux-coef A] [--checkpoint-every C] --out DIR [--resume] [--json]
+                    [--aux-coef A] [--checkpoint-every C] --out DIR [--resume] [--wandb PROJECT] [--json]
 
 The λ of ``relu``/``abs`` is the λ of theory objective (1) (penalty 2λ‖z‖₁, mean over tokens);
 ``jumprelu`` uses it for its L0 penalty. A run killed at any moment resumes with ``--resume``.
@@ -38,14 +38,14 @@ def run_train(args: argparse.Namespace) -> int:
     X = _data(args)
     options: dict[str, Any] = {"arch": args.arch, "d_sae": args.d_sae, "k": args.k, "lam": args.lam,
                                "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                               "aux_coef": args.aux_coef}
+                               "aux_coef": args.aux_coef, "wandb_project": args.wandb}
     if args.checkpoint_every is not None:
         options["checkpoint_every"] = args.checkpoint_every
     try:
         cfg = TrainConfig(**options)
         cfg.validate()
         result = train(X, cfg, args.out, resume=args.resume)
-    except (ValueError, FileExistsError) as exc:
+    except (ValueError, FileExistsError) as exc:  # bad config, W&B asked for but missing, or --out in use
         raise UserError(str(exc).splitlines()[0]) from None
     summary = {"out": str(result.out_dir), "steps": result.steps, "n_tokens": result.n_tokens,
                "resumed_from": result.resumed_from, "final_loss": result.final_loss,
@@ -79,5 +79,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases (needs the wandb package)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(handler=run_train)

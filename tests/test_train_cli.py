@@ -49,3 +49,36 @@ def test_missing_k_for_topk_is_a_user_error(tmp_path: Path, capsys: pytest.Captu
     assert main(["train", "--arch", "topk", "--data", str(tmp_path / "x.npy"), "--d-sae", "4", "--out",
                  str(tmp_path / "o")]) == 2
     assert "needs k" in capsys.readouterr().err
+
+
+def test_wandb_asked_for_but_missing_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # importing it raises ImportError
+    assert main(["train", "--arch", "relu", "--toy", "rank_one", "--d-sae", "2", "--lam", "0.1", "--steps", "3",
+                 "--batch-size", "8", "--out", str(tmp_path / "o"), "--wandb", "proj"]) == 2
+    assert "wandb package is not installed" in capsys.readouterr().err
+
+
+def test_wandb_run_receives_every_log_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[tuple[str, object]] = []
+
+    class FakeRun:
+        def log(self, record: dict, step: int) -> None:
+            calls.append(("log", step))
+
+        def finish(self) -> None:
+            calls.append(("finish", None))
+
+    class FakeWandb:
+        @staticmethod
+        def init(**kwargs: object) -> FakeRun:
+            calls.append(("init", kwargs["project"]))
+            return FakeRun()
+
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb)
+    assert main(["train", "--arch", "relu", "--toy", "rank_one", "--d-sae", "2", "--lam", "0.1", "--steps", "4",
+                 "--batch-size", "8", "--checkpoint-every", "2", "--out", str(tmp_path / "o"), "--wandb", "proj"]) == 0
+    capsys.readouterr()
+    assert calls[0] == ("init", "proj") and calls[-1] == ("finish", None)
+    assert [c for c in calls if c[0] == "log"]  # the JSONL records also went to W&B

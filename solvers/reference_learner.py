@@ -38,12 +38,11 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, minres
 
+from theory.diagnostics import active_sets, correlations, kkt_violation, residuals
 from theory.objective import centred, ridge_decoder, sae_objective, to_balanced, to_unit_atoms
 
 #: Added to every balanced initial code (spec §2.2, zero-row trap).
 INIT_OFFSET = 1e-3
-#: Relative activity threshold: z_di counts as active iff z_di > TAU_ACT_REL · max Z (spec §1).
-TAU_ACT_REL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -342,12 +341,8 @@ def fit_reference(
     Z_unit = np.where(live[:, None], Z_unit, 0.0)
     objective = sae_objective(W_unit, Z_unit, b, X, lam)
 
-    R = centred(X, b) - W_unit @ Z_unit
-    tau = TAU_ACT_REL * float(Z_unit.max()) if Z_unit.size and Z_unit.max() > 0 else 0.0
-    phi = (W_unit.T @ R) / lam
-    active = Z_unit > tau
-    kkt = np.where(active, np.abs(phi - 1.0), np.maximum(phi - 1.0, 0.0))
-    kkt = np.where(live[:, None], kkt, np.maximum(phi - 1.0, 0.0))
+    R = residuals(W_unit, Z_unit, b, X)
+    active, tau = active_sets(Z_unit)  # τ_act = 1e-6 · max z (spec §1)
 
     return ReferenceFit(
         W=W_unit,
@@ -367,7 +362,7 @@ def fit_reference(
         converged=bool(res.success),
         message=str(res.message),
         projected_gradient=_projected_gradient(Z_bal, red.grad_Z / N, red.grad_b / N if learn_bias else None),
-        kkt_violation=float(kkt.max()) if kkt.size else 0.0,
+        kkt_violation=kkt_violation(correlations(W_unit, R, lam), active),
         bias_gradient=float(np.linalg.norm(R.sum(axis=1)) / N),
         balance_ratio=balance,
         live=live,

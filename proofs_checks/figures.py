@@ -102,3 +102,27 @@ def plot_firing_against_p(path: Path, p: NDArray, without_spare: NDArray, with_s
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_antipodal_against_p(path: Path, rows: list[dict], pair_cos: float) -> Path:
+    """Per arch: most negative decoder cosine between live latents, and the largest firing fraction, against p."""
+    fig, (ax_c, ax_f) = plt.subplots(1, 2, figsize=(10, 4))
+    for arch in dict.fromkeys(r["arch"] for r in rows):
+        sel = [r for r in rows if r["arch"] == arch]
+        p = [r["p"] for r in sel]
+        ax_c.plot(p, [np.nan if r["min_live_pair_cosine"] is None else r["min_live_pair_cosine"] for r in sel],
+                  marker="o", label=arch)
+        ax_f.plot(p, [r["max_live_firing"] for r in sel], marker="o", label=arch)
+    ax_c.axhline(pair_cos, color="k", ls=":", lw=1, label=f"pair threshold {pair_cos}")
+    ax_f.axhline(0.5, color="k", ls=":", lw=1, label="50% rule")
+    for ax in (ax_c, ax_f):
+        ax.axvline(0.5, color="grey", ls="--", lw=1)
+        ax.set_xlabel("firing probability p of the dense scalar")
+        ax.legend(fontsize=8)
+    ax_c.set_ylabel("most negative decoder cosine between live latents")
+    ax_f.set_ylabel("largest firing fraction of a live latent")
+    fig.suptitle("Trained SAEs (d_sae = 4) on the dense-scalar toy: antipodal pair above p = 1/2?")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

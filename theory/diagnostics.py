@@ -123,6 +123,18 @@ def cosine_matrix(W_hat: NDArray) -> NDArray[np.float64]:
     return W_hat.T @ W_hat
 
 
+def most_antipodal_pair(W_hat: NDArray, candidates: NDArray[np.bool_] | None = None) -> tuple[int, int, float] | None:
+    """The pair (d, j) of distinct atoms (among ``candidates``, default all) with the smallest cosine c_dj,
+    and that cosine; None with fewer than two candidates (spec §3 S6: antipodal pairs have c_dj → −1)."""
+    idx = np.arange(np.shape(W_hat)[1]) if candidates is None else np.flatnonzero(candidates)
+    if idx.size < 2:
+        return None
+    C = cosine_matrix(np.asarray(W_hat)[:, idx])
+    np.fill_diagonal(C, np.inf)
+    a, c = np.unravel_index(np.argmin(C), C.shape)
+    return int(idx[a]), int(idx[c]), float(C[a, c])
+
+
 # --------------------------------------------------------------------------------------------------
 # (R1) KKT-z, (S1), (R2)
 # --------------------------------------------------------------------------------------------------

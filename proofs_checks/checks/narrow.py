@@ -12,7 +12,7 @@ from proofs_checks.registry import CheckContext, Outcome, check
 from solvers.hull_distance import HULL_CANDIDATES, hull_candidate_distances
 from solvers.lasso_codes import exact_codes
 from solvers.reference_learner import ReferenceFit, fit_reference
-from theory.diagnostics import DictionaryDiagnostics, dictionary_diagnostics
+from theory.diagnostics import DictionaryDiagnostics, dictionary_diagnostics, most_antipodal_pair
 from theory.huber import huber_objective
 
 STATIONARY_TOL = 1e-8
@@ -200,13 +200,6 @@ def narrow_absorption(ctx: CheckContext) -> Outcome:
                    figures=[str(before_after.relative_to(ctx.out_dir))])
 
 
-def _pair(fit: ReferenceFit) -> tuple[int, int, float]:
-    C = fit.W.T @ fit.W
-    np.fill_diagonal(C, 1.0)
-    d, j = np.unravel_index(np.argmin(C), C.shape)
-    return int(d), int(j), float(C[d, j])
-
-
 @check(
     "narrow.antipodal_50pct",
     "The 50% rule: a dense feature splits into an antipodal pair when a spare latent exists",
@@ -220,7 +213,7 @@ def narrow_antipodal_50pct(ctx: CheckContext) -> Outcome:
     toy4, fit4 = _fit("dense_feature", 1, True)
     d3 = _diagnose(toy3, fit3)
     dense = int(np.argmax(np.abs(fit3.W[0])))
-    d, j, cos = _pair(fit4)
+    d, j, cos = most_antipodal_pair(fit4.W)
     p4 = fit4.firing_fraction
     N = toy3.N
     measured = {"dz3_dense_firing": float(d3.firing_fraction[dense]), "dz3_dense_antipode_gain": float(d3.antipode_gain[dense]),

@@ -17,21 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from empirics.metrics import amortisation_gap, unit_atom_objective  # noqa: E402
-from empirics.sae_models import make_sae  # noqa: E402
-from empirics.toy_data import make_toy  # noqa: E402
-from empirics.training import TrainConfig, train  # noqa: E402
-from proofs_checks.registry import CheckContext, Outcome, check  # noqa: E402
-from solvers.lasso_codes import exact_codes  # noqa: E402
-from solvers.wide_limit import solve_wide_limit  # noqa: E402
-from theory.diagnostics import dictionary_diagnostics, nested_pairs  # noqa: E402
+from empirics.metrics import amortisation_gap, unit_atom_objective
+from empirics.sae_models import make_sae
+from empirics.toy_data import make_toy
+from empirics.training import TrainConfig, train
+from proofs_checks.figures import plot_antipodal_against_p
+from proofs_checks.registry import CheckContext, Outcome, check
+from solvers.lasso_codes import exact_codes
+from solvers.wide_limit import solve_wide_limit
+from theory.diagnostics import dictionary_diagnostics, most_antipodal_pair, nested_pairs
+from theory.objective import sae_objective
 
 #: Fixed training settings (chosen once, not tuned): Adam with the loop's warm-up/decay schedule,
 #: float64 (tiny toys; removes float32 noise from objective comparisons), batches as large as the toy.
@@ -93,36 +91,15 @@ def _train(X: np.ndarray, arch: str, d_sae: int, *, seed: int, steps: int, lam: 
                     final_loss=float(result.final_loss))
 
 
-def _objective_signed(W: np.ndarray, Z: np.ndarray, b: np.ndarray, X: np.ndarray, lam: float) -> float:
-    """Objective (1) with signed codes and the |z| penalty (theory §4.5)."""
-    R = X - b[:, None] - W @ Z
-    return float((np.sum(R * R) + 2.0 * lam * np.sum(np.abs(Z))) / X.shape[1])
-
-
 def _live(Z: np.ndarray, min_fraction: float = 0.0) -> np.ndarray:
     frac = np.mean(Z != 0, axis=1)
     return frac > min_fraction
 
 
-def _min_pair_cosine(W: np.ndarray, live: np.ndarray) -> float | None:
-    idx = np.flatnonzero(live)
-    if idx.size < 2:
-        return None
-    C = W[:, idx].T @ W[:, idx]
-    np.fill_diagonal(C, np.inf)
-    return float(C.min())
-
-
-def _pair_support_overlap(W: np.ndarray, Z: np.ndarray, live: np.ndarray) -> float | None:
-    """Jaccard overlap of the supports of the most antipodal live pair: 0 for an S6 pair (each member
-    serves one side of b), 1 for a duplicated line (signed codes: the same points, opposite signs)."""
-    idx = np.flatnonzero(live)
-    if idx.size < 2:
-        return None
-    C = W[:, idx].T @ W[:, idx]
-    np.fill_diagonal(C, np.inf)
-    a, c = np.unravel_index(np.argmin(C), C.shape)
-    sa, sc = Z[idx[a]] != 0, Z[idx[c]] != 0
+def _support_overlap(Z: np.ndarray, d: int, j: int) -> float | None:
+    """Jaccard overlap of the supports of latents d and j: 0 for an S6 pair (each member serves one side
+    of b), 1 for a duplicated line (signed codes: the same points, opposite signs)."""
+    sa, sc = Z[d] != 0, Z[j] != 0
     union = np.sum(sa | sc)
     return float(np.sum(sa & sc) / union) if union else None
 
@@ -145,8 +122,9 @@ def antipodal_table(ctx: CheckContext, p_grid: tuple[float, ...] = ANTIPODAL_P,
                            u=ANTIPODAL_U, lam=0.1)
             t = _train(toy.X, arch, 4, seed=ctx.seed, steps=steps, lam=toy.lam)
             live = _live(t.Z, LIVE_FRACTION)
-            cos = _min_pair_cosine(t.W, live)
-            overlap = _pair_support_overlap(t.W, t.Z, live)
+            pair = most_antipodal_pair(t.W, live)
+            cos = None if pair is None else pair[2]
+            overlap = None if pair is None else _support_overlap(t.Z, pair[0], pair[1])
             u = toy.ground_truth["u"]
             firing = np.mean(t.Z != 0, axis=1)
             rows.append({
@@ -159,29 +137,6 @@ def antipodal_table(ctx: CheckContext, p_grid: tuple[float, ...] = ANTIPODAL_P,
                 "b_dot_u": float(t.b @ u), "final_loss": t.final_loss,
             })
     return rows
-
-
-def _plot_antipodal(path: Path, rows: list[dict]) -> Path:
-    fig, (ax_c, ax_f) = plt.subplots(1, 2, figsize=(10, 4))
-    for arch in dict.fromkeys(r["arch"] for r in rows):
-        sel = [r for r in rows if r["arch"] == arch]
-        p = [r["p"] for r in sel]
-        ax_c.plot(p, [np.nan if r["min_live_pair_cosine"] is None else r["min_live_pair_cosine"] for r in sel],
-                  marker="o", label=arch)
-        ax_f.plot(p, [r["max_live_firing"] for r in sel], marker="o", label=arch)
-    ax_c.axhline(PAIR_COS, color="k", ls=":", lw=1, label=f"pair threshold {PAIR_COS}")
-    ax_f.axhline(0.5, color="k", ls=":", lw=1, label="50% rule")
-    for ax in (ax_c, ax_f):
-        ax.axvline(0.5, color="grey", ls="--", lw=1)
-        ax.set_xlabel("firing probability p of the dense scalar")
-        ax.legend(fontsize=8)
-    ax_c.set_ylabel("most negative decoder cosine between live latents")
-    ax_f.set_ylabel("largest firing fraction of a live latent")
-    fig.suptitle("Trained SAEs (d_sae = 4) on the dense-scalar toy: antipodal pair above p = 1/2?")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 @check(
@@ -208,7 +163,7 @@ def sae_antipodal_threshold(ctx: CheckContext) -> Outcome:
                                       "support_overlap": r["pair_support_overlap"],
                                       "b_dot_u": round(r["b_dot_u"], 3)}
                     for r in rows if r["arch"] == arch} for arch in ANTIPODAL_ARCHS}
-    fig = _plot_antipodal(ctx.figure_path("sae_antipodal_threshold.png"), rows)
+    fig = plot_antipodal_against_p(ctx.figure_path("sae_antipodal_threshold.png"), rows, PAIR_COS)
     finding = None
     if mismatches:
         finding = "Prediction fails for " + "; ".join(
@@ -407,7 +362,7 @@ def amortisation_rows(ctx: CheckContext, archs: tuple[str, ...] = GAP_ARCHS, ste
             W2 = np.hstack([t.W, -t.W])
             Z2 = np.vstack([np.maximum(t.Z, 0), np.maximum(-t.Z, 0)])
             gap = amortisation_gap(W2, Z2, None, t.b, X, lam)
-            o_enc = _objective_signed(t.W, t.Z, t.b, X, lam)
+            o_enc = sae_objective(t.W, t.Z, t.b, X, lam)  # Σ|z|: the signed objective (§4.5)
             note = "signed codes: gap on the doubled dictionary [W, −W] with codes (z₊, z₋) (identical objective)"
         else:
             gap = amortisation_gap(t.W, t.Z, None, t.b, X, lam)

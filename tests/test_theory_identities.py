@@ -8,7 +8,7 @@ import scipy.special
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from theory.certificate import cert_ratio, certificate_matrix, certified_gap
+from theory.certificate import cert_ratio, certificate_matrix, certificate_slack, certified_gap
 from theory.dense_scalar import dense_scalar_optimum
 from theory.huber import (
     huber, huber_objective, huber_objective_gradient, huber_objective_hessian, per_point_bound_attainer,
@@ -160,6 +160,8 @@ def test_diagonal_q_minimised_at_soft_threshold(seed: int, lam: float) -> None:
         q = np.maximum(opt.q_diag + 0.1 * rng.normal(size=opt.q_diag.shape), 0)
         assert diagonal_q_program_value(q, opt.rho, lam) >= opt.value - 1e-12
     np.testing.assert_allclose(np.linalg.norm(opt.residuals[:, opt.represented], axis=0), lam)
+    # complementary slackness ⟨G, Q*⟩/N = 0 at the closed-form optimum (spec §2.3)
+    assert certificate_slack(opt.residuals, np.diag(opt.q_diag), lam) == pytest.approx(0.0, abs=1e-12)
     assert opt.value == pytest.approx(huber_objective(b, X, lam))
 
 

@@ -13,7 +13,7 @@ from solvers.dnn import solve_dnn
 from solvers.medians import geometric_median, huber_median
 from solvers.reference_learner import fit_reference
 from solvers.wide_limit import solve_wide_limit
-from theory.certificate import cert_ratio, certificate_matrix
+from theory.certificate import cert_ratio, certificate_matrix, certificate_slack
 from theory.huber import huber_objective, huber_objective_hessian
 from theory.objective import centred, q_program, q_program_gradient, q_residuals, ridge_decoder, scaled_objective
 from theory.wide_limit import wide_optimum_at_bias
@@ -110,6 +110,7 @@ def global_optimum(ctx: CheckContext) -> Outcome:
             "b_diff": float(np.linalg.norm(dnn.b - wide.b)) if b is None else None,
             "b_tolerance": _bias_tolerance(X, wide.b, lam) if b is None else None,
             "cert_ratio": cert_ratio(R, lam), "min_G": float(np.min(certificate_matrix(R, lam))),
+            "slack": certificate_slack(R, dnn.Q, lam),
             "certified_gap": wide.certified_gap, "solver": dnn.solver,
         })
     tol = {"value": 1e-6, "Q": 2e-4, "b": "max(1e-4, sqrt(2·1e-8/μ)) per data set", "cert_ratio": 1 + 1e-4,

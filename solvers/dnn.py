@@ -9,7 +9,8 @@ Schur-complement LMI.
 
 Solvers: Clarabel by default (tolerances 1e-11, then 1e-9), SCS as the fallback when Clarabel is
 missing or fails. Only the status "optimal" is accepted; anything else (infeasible,
-"optimal_inaccurate", a solver crash) raises :class:`DNNSolveError` naming the solvers tried and their statuses.
+"optimal_inaccurate", a solver crash) raises :class:`DNNSolveError` naming the solvers tried and
+their statuses.
 """
 
 from __future__ import annotations

@@ -64,10 +64,12 @@ variance to explain, e.g. B = 1). For non-TopK archs ``aux_coef`` is stored but 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
+import numbers
+from typing import Any
 import torch
 from torch import Tensor
+
+from empirics.featurizer import Featurizer, FeaturizerOutput
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
 TOPK_FAMILY = ("topk", "batchtopk")
@@ -75,26 +77,14 @@ LAM_ARCHS = ("relu", "jumprelu", "abs")
 SAELENS_WEIGHT_NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")
 
 __all__ = [
+    "build",
+    "resolve_options",
     "ARCHS",
     "JumpReLUFn",
-    "SaeOutput",
     "SparseAutoencoder",
     "StepFn",
     "make_sae",
 ]
-
-
-@dataclass
-class SaeOutput:
-    """Everything :meth:`SparseAutoencoder.forward` returns (tensors; scalars are 0-d)."""
-
-    x_hat: Tensor  # (B, d_in)
-    codes: Tensor  # (B, d_sae); signed for 'abs'
-    loss: Tensor  # mse + sparsity_loss + aux_loss
-    mse: Tensor  # (1/B) Σ_t ‖x_t − x̂_t‖²
-    sparsity_loss: Tensor  # relu/abs: 2λ·mean_t‖z_t‖₁; jumprelu: λ·mean_t L0 (STE); topk family: 0
-    aux_loss: Tensor  # AuxK; exactly 0 when disabled or nothing is dead
-    l0: Tensor  # mean_t #{d : z_td ≠ 0}
 
 
 def _rect(u: Tensor) -> Tensor:
@@ -139,7 +129,7 @@ class StepFn(torch.autograd.Function):
         return torch.zeros_like(a), grad_theta, None
 
 
-class SparseAutoencoder(torch.nn.Module):
+class SparseAutoencoder(Featurizer):
     """Linear SAE with SAELens parameter names; see the module docstring for each arch.
 
     Build with :func:`make_sae` (validates arguments and initialises the weights).
@@ -237,7 +227,7 @@ class SparseAutoencoder(torch.nn.Module):
         return z @ self.W_dec + self.b_dec
 
     # ------------------------------------------------------------------ forward
-    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
+    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:
         x = _as_2d(x, self.d_in)
         B = x.shape[0]
         z, a = self._encode(x)
@@ -258,7 +248,7 @@ class SparseAutoencoder(torch.nn.Module):
             if self.aux_coef > 0 and dead_mask is not None:
                 aux = self.auxk_loss(x, x_hat, a, dead_mask)
         l0 = (z != 0).sum(dim=-1).to(x.dtype).mean()
-        return SaeOutput(
+        return FeaturizerOutput(
             x_hat=x_hat, codes=z, loss=mse + sparsity + aux, mse=mse, sparsity_loss=sparsity, aux_loss=aux, l0=l0
         )
 
@@ -298,6 +288,14 @@ class SparseAutoencoder(torch.nn.Module):
         return scale * num / den
 
     # ------------------------------------------------------------------ decoder-norm constraint
+    def project_gradients_(self) -> None:
+        """Training-loop hook: :meth:`remove_parallel_grad_` (every arch here has unit-norm atoms)."""
+        self.remove_parallel_grad_()
+
+    def project_parameters_(self) -> None:
+        """Training-loop hook: :meth:`normalise_decoder_`."""
+        self.normalise_decoder_()
+
     @torch.no_grad()
     def normalise_decoder_(self) -> None:
         """Rescale every decoder row (atom) to unit ℓ2 norm (zero rows are left at zero)."""
@@ -398,7 +396,7 @@ def _validate(
     if arch in TOPK_FAMILY:
         if k is None:
             raise ValueError(f"arch {arch!r} requires k (number of active latents per token)")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_sae:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= d_sae:
             raise ValueError(f"arch {arch!r}: k must be an int in [1, d_sae={d_sae}], got {k!r}")
     if arch in LAM_ARCHS:
         if lam is None:
@@ -469,3 +467,30 @@ def make_sae(
         else:
             sae.b_dec.zero_()
     return sae
+
+
+def resolve_options(arch: str, d_sae: int, k: int | None, lam: float | None, options: dict[str, Any]) -> dict[str, Any]:
+    """Training-config rules for the linear SAEs (see :mod:`empirics.architectures`).
+
+    ``k`` is required for the TopK family (1 ≤ k ≤ d_sae) and rejected otherwise; ``lam`` (finite,
+    ≥ 0) is required for relu, jumprelu and abs and rejected for the TopK family. These archs take
+    no further options. Raises ValueError.
+    """
+    if arch in TOPK_FAMILY:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= d_sae:
+            raise ValueError(f"arch {arch!r} needs k, an int in [1, d_sae={d_sae}], got {k!r}")
+    elif k is not None:
+        raise ValueError(f"k is only used by {sorted(TOPK_FAMILY)}, got k={k!r} for arch {arch!r}")
+    if arch in LAM_ARCHS:
+        if lam is None:
+            raise ValueError(f"arch {arch!r} needs lam (its sparsity coefficient)")
+        if isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not math.isfinite(lam) or lam < 0:
+            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+    elif lam is not None:
+        raise ValueError(f"lam is only used by {list(LAM_ARCHS)}, got lam={lam!r} for arch {arch!r}")
+    if options:
+        raise ValueError(f"arch {arch!r} takes no options, got {sorted(options)}")
+    return {}
+
+
+build = make_sae

@@ -1,21 +1,27 @@
-"""Training loop for the linear SAEs of :mod:`empirics.sae_models` (spec/ecosystem.md §3).
+"""Training loop for every featurizer of :mod:`empirics.architectures` (spec/ecosystem.md §3).
+
+It drives any :class:`empirics.featurizer.Featurizer`: linear SAEs (:mod:`empirics.sae_models`),
+block-sparse featurizers (``bsf-*``) and bilinear autoencoders (``bilinear-*``).
 
 LAYOUT: ``X`` is a numpy array of shape (N, d_in), **one token per ROW** (like
 :mod:`empirics.metrics`, unlike ``theory/`` and ``solvers/``).
 
 What :func:`train` does, per the spec:
 
-* **Optimiser.** Adam (torch defaults β = (0.9, 0.999), ε = 1e-8). Default lr =
-  2e-4/√(d_sae/2^14) (dictionary_learning's TopK rule), overridable in :class:`TrainConfig`.
+* **Optimiser.** Adam (torch defaults β = (0.9, 0.999), ε = 1e-8). Default lr: for SAEs
+  2e-4/√(d_sae/2^14) (dictionary_learning's TopK rule), else the architecture's
+  (:mod:`empirics.architectures`); overridable in :class:`TrainConfig`.
   The learning rate of step s is ``lr · lr_schedule(s, steps)`` (see :func:`lr_schedule`).
 * **Gradient clipping** of the total gradient norm at 1.0 (``TrainConfig.clip_grad_norm``).
-* **Decoder norms.** Every architecture here (relu, topk, batchtopk, jumprelu, abs) has unit-norm
-  decoder rows: normalised once at init, ``remove_parallel_grad_()`` before clipping and the step,
-  ``normalise_decoder_()`` after the step.
-* **Init.** ``b_dec`` = geometric median of (up to 4096 rows of) the first batch by default;
+* **Constraints.** The model's hooks: ``set_step(step)`` before each forward pass,
+  ``project_gradients_()`` before clipping and the step, ``project_parameters_()`` after the step
+  and once at init. Linear SAEs keep unit-norm decoder rows this way (remove the parallel gradient,
+  renormalise); BSFs project blocks to unit Frobenius norm.
+* **Init.** SAE ``b_dec`` = geometric median of (up to 4096 rows of) the first batch by default;
   ``"huber_median"`` (relu only) uses the Huber-smoothed median with the run's λ (theory §4.3);
-  ``"mean"`` and ``"zero"`` are also offered. The rest of the init is :func:`make_sae`'s (tied,
-  b_enc = 0).
+  ``"mean"`` and ``"zero"`` are also offered. BSFs centre by the mean by default, bilinear
+  autoencoders have no centring vector (``"none"``). The rest of the init is the architecture's
+  ``build``.
 * **Batches** are drawn *with replacement* by ``torch.randint`` from a CPU ``torch.Generator``
   seeded with ``seed`` (whose state is checkpointed), so a run is deterministic under its seed.
 * **Dead latents.** A per-latent counter of training tokens since the latent last fired
@@ -46,7 +52,9 @@ What :func:`train` does, per the spec:
   b_dec_init, T_dead, n_data_tokens).
 * **metrics.json** is computed on the TRAINING data (no held-out split; Decision): a seeded subset of
   ``min(N, eval_tokens)`` rows drawn without replacement. It holds
-  :func:`empirics.metrics.reconstruction_metrics` of (x, x̂) plus ``l0``, ``dead_frac`` and
+  :func:`empirics.metrics.reconstruction_metrics` of (x, x̂) when the model reconstructs in input
+  space, the model's ``extra`` batch means averaged over tokens (e.g. bilinear ``nmse_lifted``,
+  with ``eval_batch_size``), its ``firing_metrics`` (e.g. BSF ``dead_blocks``), plus ``l0``, ``dead_frac`` and
   ``n_eval_tokens`` computed streaming over the same rows (same definitions, no (N, d_sae) matrix
   in memory), ``dead_frac_train`` (the tracker at the end), ``eval_split`` = "train",
   ``n_train_tokens`` and ``final_loss``. Non-finite values (e.g. rel_recon_bias = +inf) are
@@ -74,10 +82,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from empirics.architectures import ARCHITECTURES, architecture
+from empirics.architectures import sae_default_lr as default_lr
 from empirics.atomic_files import atomic_write_bytes
+from empirics.featurizer import Featurizer
 from empirics.metrics import reconstruction_metrics
 from empirics.sae_io import SaeConfig, save_sae
-from empirics.sae_models import make_sae
 from solvers.medians import geometric_median, huber_median
 
 __all__ = [
@@ -95,12 +105,11 @@ __all__ = [
     "latest_checkpoint",
 ]
 
-#: Architectures trained here; all use unit-norm decoder rows (ecosystem spec §3).
-ARCHS: tuple[str, ...] = ("relu", "topk", "batchtopk", "jumprelu", "abs")
-_UNIT_NORM = frozenset(ARCHS)
+#: Architectures trained here (linear SAEs, block-sparse featurizers, bilinear autoencoders).
+ARCHS: tuple[str, ...] = tuple(ARCHITECTURES)
 _TOPK_FAMILY = frozenset({"topk", "batchtopk"})
-_LAM_ARCHS = ("relu", "jumprelu", "abs")
-B_DEC_INITS: tuple[str, ...] = ("geometric_median", "huber_median", "mean", "zero")
+#: Every centring rule; each architecture allows a subset (empirics.architectures).
+B_DEC_INITS: tuple[str, ...] = ("geometric_median", "huber_median", "mean", "zero", "none")
 LOG_FILE = "train_log.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 _CKPT_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
@@ -109,13 +118,8 @@ _MEDIAN_SAMPLE = 4096
 _T_DEAD_MAX = 10_000_000
 #: TrainConfig fields that change the trained weights; a resume must match them exactly.
 _RESULT_FIELDS = ("arch", "d_sae", "k", "lam", "steps", "batch_size", "lr", "seed", "aux_coef",
-                  "b_dec_init", "clip_grad_norm", "dtype")
+                  "b_dec_init", "clip_grad_norm", "dtype", "options")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def default_lr(d_sae: int) -> float:
-    """dictionary_learning's TopK rule lr = 2e-4/√(d_sae/2^14)."""
-    return 2e-4 / math.sqrt(d_sae / 2**14)
 
 
 def lr_schedule(step: int, steps: int) -> float:
@@ -170,12 +174,15 @@ def _is_real(v: Any) -> bool:
 class TrainConfig:
     """Training hyper-parameters (ecosystem spec §3). :meth:`validate` raises ValueError.
 
-    arch: one of :data:`ARCHS`. k: required for topk/batchtopk (1 ≤ k ≤ d_sae), rejected otherwise.
-    lam: sparsity coefficient (≥ 0), required for relu, jumprelu and abs, rejected for the TopK
-    family. aux_coef: AuxK coefficient (the model uses it for the TopK family only).
-    lr: None → :func:`default_lr` of d_sae, resolved at construction (so after
-    ``dataclasses.replace(cfg, d_sae=...)`` pass lr=None again). checkpoint_every: 0 → only the final checkpoint.
-    device: "auto" → CUDA when available, else CPU. b_dec_init: see :data:`B_DEC_INITS`
+    arch: one of :data:`ARCHS`. k, lam and ``options`` (architecture options, e.g. BSF
+    ``block_size``, bilinear ``hoyer_coef``) are validated by the architecture's module
+    (:mod:`empirics.architectures`): k is required for topk/batchtopk (1 ≤ k ≤ d_sae) and for
+    bsf-vanilla/bsf-grassmann (active blocks); lam (≥ 0) for relu, jumprelu and abs.
+    aux_coef: AuxK coefficient (the model uses it for the TopK family only).
+    lr: None → the architecture's default lr (SAEs: :func:`default_lr` of d_sae), resolved at
+    construction (so after ``dataclasses.replace(cfg, d_sae=...)`` pass lr=None again).
+    checkpoint_every: 0 → only the final checkpoint. device: "auto" → CUDA when available, else CPU.
+    b_dec_init: None → the architecture's default centring rule; see :data:`B_DEC_INITS`
     ("huber_median" needs relu and its λ). eval_tokens: rows of X used for metrics.json.
     keep_checkpoints: how many of the newest checkpoints to keep (≥ 1).
     """
@@ -192,22 +199,27 @@ class TrainConfig:
     checkpoint_every: int = 1000
     log_every: int = 100
     device: str = "auto"
-    b_dec_init: str = "geometric_median"
+    b_dec_init: str | None = None
     dtype: str = "float32"
     clip_grad_norm: float = 1.0
     eval_tokens: int = 32768
     keep_checkpoints: int = 2
     wandb_project: str | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.lr is None and _is_int(self.d_sae) and self.d_sae > 0:
-            self.lr = default_lr(int(self.d_sae))
+        arch = ARCHITECTURES.get(self.arch) if isinstance(self.arch, str) else None
+        if arch is not None:
+            if self.lr is None and _is_int(self.d_sae) and self.d_sae > 0:
+                self.lr = arch.default_lr(int(self.d_sae))
+            if self.b_dec_init is None:
+                self.b_dec_init = arch.b_dec_inits[0]
 
     def validate(self) -> None:
         def bad(msg: str) -> ValueError:
             return ValueError(f"TrainConfig: {msg}")
 
-        if self.arch not in ARCHS:
+        if not isinstance(self.arch, str) or self.arch not in ARCHS:
             raise bad(f"arch must be one of {list(ARCHS)}, got {self.arch!r}")
         for name in ("d_sae", "steps", "batch_size", "log_every", "eval_tokens", "keep_checkpoints"):
             v = getattr(self, name)
@@ -217,26 +229,18 @@ class TrainConfig:
             raise bad(f"checkpoint_every must be an int >= 0 (0 = final checkpoint only), got {self.checkpoint_every!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise bad(f"seed must be an int >= 0, got {self.seed!r}")
-        if self.arch in _TOPK_FAMILY:
-            if not _is_int(self.k) or not 1 <= self.k <= self.d_sae:
-                raise bad(f"arch {self.arch!r} needs k, an int in [1, d_sae={self.d_sae}], got {self.k!r}")
-        elif self.k is not None:
-            raise bad(f"k is only used by {sorted(_TOPK_FAMILY)}, got k={self.k!r} for arch {self.arch!r}")
-        if self.arch in _LAM_ARCHS:
-            if self.lam is None:
-                raise bad(f"arch {self.arch!r} needs lam (its sparsity coefficient)")
-            if not _is_real(self.lam) or not math.isfinite(self.lam) or self.lam < 0:
-                raise bad(f"lam must be a finite number >= 0, got {self.lam!r}")
-        elif self.lam is not None:
-            raise bad(f"lam is only used by {list(_LAM_ARCHS)}, got lam={self.lam!r} for arch {self.arch!r}")
+        if not isinstance(self.options, dict):
+            raise bad(f"options must be a dict of architecture options, got {type(self.options).__name__}")
+        self.resolved_options()
         if not _is_real(self.lr) or not math.isfinite(self.lr) or self.lr <= 0:
             raise bad(f"lr must be a finite number > 0, got {self.lr!r}")
         if not _is_real(self.aux_coef) or not math.isfinite(self.aux_coef) or self.aux_coef < 0:
             raise bad(f"aux_coef must be a finite number >= 0, got {self.aux_coef!r}")
         if not _is_real(self.clip_grad_norm) or not math.isfinite(self.clip_grad_norm) or self.clip_grad_norm <= 0:
             raise bad(f"clip_grad_norm must be a finite number > 0, got {self.clip_grad_norm!r}")
-        if self.b_dec_init not in B_DEC_INITS:
-            raise bad(f"b_dec_init must be one of {list(B_DEC_INITS)}, got {self.b_dec_init!r}")
+        allowed = architecture(self.arch).b_dec_inits
+        if self.b_dec_init not in allowed:
+            raise bad(f"b_dec_init must be one of {list(allowed)} for arch {self.arch!r}, got {self.b_dec_init!r}")
         if self.b_dec_init == "huber_median" and (self.arch != "relu" or not self.lam):
             raise bad(f"b_dec_init 'huber_median' needs arch 'relu' with lam > 0, got arch {self.arch!r} lam={self.lam!r}")
         if self.dtype not in _DTYPES:
@@ -254,9 +258,17 @@ class TrainConfig:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
+    def resolved_options(self) -> dict[str, Any]:
+        """The architecture options with every default filled in (ValueError for bad k, lam, options)."""
+        try:
+            return architecture(self.arch).resolve_options(self.d_sae, self.k, self.lam, self.options)
+        except ValueError as exc:
+            raise ValueError(f"TrainConfig: {exc}") from None
+
     def result_fields(self) -> dict[str, Any]:
-        """The fields that change the trained weights (checked on resume)."""
+        """The fields that change the trained weights (checked on resume); options with defaults."""
         d = dataclasses.asdict(self)
+        d["options"] = self.resolved_options()
         return {name: d[name] for name in _RESULT_FIELDS}
 
 
@@ -333,9 +345,10 @@ def _load_checkpoint(path: Path) -> dict[str, Any] | None:
 # helpers
 
 
-def _make_model(cfg: TrainConfig, d_in: int, b_dec: torch.Tensor | None, factory: Callable[..., Any] | None):
+def _make_model(cfg: TrainConfig, d_in: int, b_dec: torch.Tensor | None,
+                factory: Callable[..., Featurizer] | None) -> Featurizer:
     if factory is None:
-        factory = make_sae
+        factory = architecture(cfg.arch).build
     return factory(
         cfg.arch,
         d_in,
@@ -346,11 +359,14 @@ def _make_model(cfg: TrainConfig, d_in: int, b_dec: torch.Tensor | None, factory
         b_dec_init=b_dec,
         seed=cfg.seed,
         dtype=_DTYPES[cfg.dtype],
+        **cfg.resolved_options(),
     )
 
 
 def _b_dec_init(cfg: TrainConfig, Xt: torch.Tensor) -> torch.Tensor | None:
-    """b_dec from (up to 4096 rows of) the first batch: the rows step 0 will draw."""
+    """b_dec from (up to 4096 rows of) the first batch: the rows step 0 will draw (None for "none")."""
+    if cfg.b_dec_init == "none":
+        return None
     if cfg.b_dec_init == "zero":
         return torch.zeros(Xt.shape[1], dtype=_DTYPES[cfg.dtype])
     g = torch.Generator(device="cpu")
@@ -452,7 +468,8 @@ def train(
 
     See the module docstring for the full behaviour. ``on_step(step)`` is called after every
     completed step (1-based; after any checkpoint of that step), e.g. for external monitoring.
-    ``model_factory`` replaces :func:`empirics.sae_models.make_sae` (same signature).
+    ``model_factory`` replaces the architecture's ``build`` (:mod:`empirics.architectures`; same
+    signature as :func:`empirics.sae_models.make_sae`, plus the architecture options as keywords).
     Raises ValueError for a bad config or data, FileExistsError when ``resume`` is False and
     ``out_dir`` already holds checkpoints, FloatingPointError on a non-finite loss.
     """
@@ -491,7 +508,6 @@ def train(
     Xt = torch.from_numpy(np.ascontiguousarray(X)).to(dtype)
     b_dec = None if ck is not None else _b_dec_init(cfg, Xt)
     model = _make_model(cfg, d_in, b_dec, model_factory).to(device)
-    unit_norm = cfg.arch in _UNIT_NORM
     opt = torch.optim.Adam(model.parameters(), lr=float(cfg.lr))
     gen = torch.Generator(device="cpu")
     gen.manual_seed(cfg.seed)
@@ -500,9 +516,8 @@ def train(
 
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if ck is None:
-            if unit_norm:
-                with torch.no_grad():
-                    model.normalise_decoder_()
+            with torch.no_grad():
+                model.project_parameters_()
             torch.manual_seed(cfg.seed)  # any randomness inside forward()
             if log_path.exists():
                 log_path.unlink()
@@ -554,16 +569,15 @@ def train(
                     for group in opt.param_groups:
                         group["lr"] = lr_t
                     dead = since_fired >= T_dead
+                    model.set_step(step)
                     res = model(xb, dead_mask=dead if cfg.aux_coef > 0 else None)
                     opt.zero_grad(set_to_none=True)
                     res.loss.backward()
-                    if unit_norm:
-                        model.remove_parallel_grad_()
+                    model.project_gradients_()
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg.clip_grad_norm))
                     opt.step()
-                    if unit_norm:
-                        with torch.no_grad():
-                            model.normalise_decoder_()
+                    with torch.no_grad():
+                        model.project_parameters_()
                     with torch.no_grad():
                         fired = (res.codes != 0).reshape(-1, cfg.d_sae).any(dim=0)
                         since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + B)
@@ -630,7 +644,7 @@ def train(
         seed=cfg.seed,
         n_tokens=steps * B,
         data_hash=dhash,
-        arch_fields=model.arch_fields() if hasattr(model, "arch_fields") else None,
+        arch_fields=model.arch_fields(),
         dtype=cfg.dtype,
         device="cpu",
     )
@@ -674,8 +688,12 @@ def _to_cpu(obj: Any) -> Any:
 
 
 @torch.no_grad()
-def _evaluate(model: Any, Xt: torch.Tensor, cfg: TrainConfig, device: torch.device) -> tuple[dict[str, Any], torch.Tensor]:
-    """metrics.json contents and log10 firing frequency on a seeded subset of the training rows."""
+def _evaluate(model: Featurizer, Xt: torch.Tensor, cfg: TrainConfig, device: torch.device) -> tuple[dict[str, Any], torch.Tensor]:
+    """metrics.json contents and log10 firing frequency on a seeded subset of the training rows.
+
+    Input-space reconstruction metrics when the model has an input-space ``x_hat``; the model's
+    ``extra`` batch means averaged over tokens (e.g. ``nmse_lifted``); its ``firing_metrics``.
+    """
     N = Xt.shape[0]
     n_eval = min(N, cfg.eval_tokens)
     if n_eval < N:
@@ -685,6 +703,7 @@ def _evaluate(model: Any, Xt: torch.Tensor, cfg: TrainConfig, device: torch.devi
     else:
         rows = torch.arange(N)
     x_parts, xh_parts = [], []
+    extra_sums: dict[str, float] = {}
     fire = torch.zeros(cfg.d_sae, dtype=torch.int64)
     nnz = 0
     chunk = max(1, min(cfg.batch_size, 8192))
@@ -694,14 +713,21 @@ def _evaluate(model: Any, Xt: torch.Tensor, cfg: TrainConfig, device: torch.devi
         active = (res.codes.detach().reshape(xb.shape[0], cfg.d_sae) != 0).cpu()
         fire += active.sum(dim=0)
         nnz += int(active.sum())
-        x_parts.append(xb.to(torch.float64).numpy())
-        xh_parts.append(res.x_hat.detach().cpu().to(torch.float64).reshape(xb.shape).numpy())
-    x = np.concatenate(x_parts)
-    x_hat = np.concatenate(xh_parts)
-    try:
-        metrics: dict[str, Any] = dict(reconstruction_metrics(x, x_hat))
-    except ValueError as exc:  # e.g. zero-variance data: keep training results, say why
-        metrics = {"metrics_error": str(exc)}
+        for name, value in res.extra.items():
+            extra_sums[name] = extra_sums.get(name, 0.0) + float(value) * xb.shape[0]
+        if res.x_hat is not None:
+            x_parts.append(xb.to(torch.float64).numpy())
+            xh_parts.append(res.x_hat.detach().cpu().to(torch.float64).reshape(xb.shape).numpy())
+    metrics: dict[str, Any] = {}
+    if x_parts:
+        try:
+            metrics.update(reconstruction_metrics(np.concatenate(x_parts), np.concatenate(xh_parts)))
+        except ValueError as exc:  # e.g. zero-variance data: keep training results, say why
+            metrics["metrics_error"] = str(exc)
+    metrics.update({name: total / n_eval for name, total in extra_sums.items()})
+    if extra_sums:
+        metrics["eval_batch_size"] = int(min(chunk, n_eval))
+    metrics.update(model.firing_metrics(fire, n_eval))
     metrics["l0"] = nnz / n_eval
     metrics["dead_frac"] = float((fire == 0).double().mean())
     metrics["n_eval_tokens"] = int(n_eval)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.sae_models import ARCHS, JumpReLUFn, SaeOutput, SparseAutoencoder, StepFn, make_sae
+from empirics.featurizer import FeaturizerOutput
+from empirics.sae_models import ARCHS, JumpReLUFn, SparseAutoencoder, StepFn, make_sae
 from theory.objective import sae_objective
 
 D_IN, D_SAE, B = 8, 24, 16
@@ -41,7 +42,7 @@ def test_shapes_and_output_fields(arch):
     assert tuple(sae.b_dec.shape) == (D_IN,)
     x = _x()
     out = sae(x)
-    assert isinstance(out, SaeOutput)
+    assert isinstance(out, FeaturizerOutput)
     assert tuple(out.x_hat.shape) == (B, D_IN)
     assert tuple(out.codes.shape) == (B, D_SAE)
     for name in ("loss", "mse", "sparsity_loss", "aux_loss", "l0"):

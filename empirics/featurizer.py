@@ -1,0 +1,94 @@
+"""The interface every trainable featurizer implements (linear SAEs, bilinear autoencoders, BSFs).
+
+:func:`empirics.training.train` drives any :class:`Featurizer`; :mod:`empirics.architectures`
+maps each architecture name to the module that builds it. Layout: tokens are ROWS, ``x`` is
+(B, d_in) and codes are (B, d_sae).
+
+One training step, as the loop runs it::
+
+    model.set_step(t)                      # 0-based optimiser step (warm-ups, e.g. Hoyer's s(t))
+    out = model(x, dead_mask=...)          # FeaturizerOutput; out.loss is minimised
+    out.loss.backward()
+    model.project_gradients_()             # e.g. remove the decoder-parallel gradient
+    clip_grad_norm_(model.parameters(), c); optimizer.step()
+    model.project_parameters_()            # e.g. unit-norm decoder rows / unit-Frobenius blocks
+
+``project_parameters_`` is also called once on a fresh model before the first step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["FeaturizerOutput", "Featurizer"]
+
+
+@dataclass
+class FeaturizerOutput:
+    """What :meth:`Featurizer.forward` returns (tensors; scalars are 0-d).
+
+    ``mse`` is the architecture's reconstruction term as it enters ``loss`` (linear SAEs:
+    (1/B)Σ_t‖x_t − x̂_t‖²; BSF: the mean over all B·D entries; bilinear: the lifted ‖T − T̂‖²
+    per token). ``x_hat`` is the reconstruction in INPUT space, or None where none exists
+    (bilinear autoencoders reconstruct the lift xxᵀ). ``codes`` are exactly zero where a latent
+    does not fire (used for L0, firing frequencies and dead-latent tracking). ``extra`` holds
+    further per-batch token means (e.g. ``nmse_lifted``, ``hoyer_density``) that evaluation
+    averages over tokens and writes to metrics.json under the same names.
+    """
+
+    x_hat: Tensor | None
+    codes: Tensor
+    loss: Tensor
+    mse: Tensor
+    sparsity_loss: Tensor
+    aux_loss: Tensor
+    l0: Tensor
+    extra: dict[str, Tensor] = field(default_factory=dict)
+
+
+class Featurizer(torch.nn.Module):
+    """Base class: a module with ``arch``, ``d_in``, ``d_sae`` and the hooks of the training loop.
+
+    Subclasses implement :meth:`forward`, :meth:`state_weights` and :meth:`load_state_weights`
+    (tensor names and shapes as :func:`empirics.sae_io.expected_shapes` lists them for the arch),
+    and override the no-op hooks they need.
+    """
+
+    arch: str
+    d_in: int
+    d_sae: int
+
+    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:  # pragma: no cover
+        raise NotImplementedError
+
+    def set_step(self, step: int) -> None:
+        """Called with the 0-based optimiser step before each training forward pass."""
+
+    def project_gradients_(self) -> None:
+        """Called after ``backward`` and before gradient clipping and the optimiser step."""
+
+    def project_parameters_(self) -> None:
+        """Called after every optimiser step, and once on a fresh model before training."""
+
+    def state_weights(self) -> dict[str, Tensor]:  # pragma: no cover
+        """Detached copies of the weights under their save-file names."""
+        raise NotImplementedError
+
+    def load_state_weights(self, weights: dict[str, Tensor]) -> None:  # pragma: no cover
+        """Inverse of :meth:`state_weights`; ValueError on a missing, extra or misshapen tensor."""
+        raise NotImplementedError
+
+    def arch_fields(self) -> dict[str, Any]:
+        """JSON fields stored under ``metadata.dictcheck.<family>`` (e.g. BSF ``n_b``, ``q``)."""
+        return {}
+
+    def load_arch_fields(self, fields: dict[str, Any]) -> None:
+        """Inverse of :meth:`arch_fields` for state that is not a weight (unknown keys ignored)."""
+
+    def firing_metrics(self, fire_counts: Tensor, n_tokens: int) -> dict[str, Any]:
+        """Extra metrics from per-latent firing counts over ``n_tokens`` evaluation tokens."""
+        return {}

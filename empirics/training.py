@@ -49,7 +49,8 @@ What :func:`train` does, per the spec:
   sae_weights.safetensors, sparsity.safetensors, metrics.json). ``metadata.dictcheck`` gets seed,
   n_tokens (= steps·batch_size, the training tokens processed), data_hash (sha256 hex of
   ``X``'s C-contiguous bytes) and a ``training`` block (steps, batch_size, lr, aux_coef,
-  b_dec_init, T_dead, n_data_tokens).
+  b_dec_init, k, options (the resolved architecture options, from which
+  :func:`empirics.sae_folder.load_featurizer` rebuilds the model), T_dead, n_data_tokens).
 * **metrics.json** is computed on the TRAINING data (no held-out split; Decision): a seeded subset of
   ``min(N, eval_tokens)`` rows drawn without replacement. It holds
   :func:`empirics.metrics.reconstruction_metrics` of (x, x̂) when the model reconstructs in input
@@ -655,6 +656,8 @@ def train(
         "lr_schedule": "warmup_min(1000,5%)_constant_lineardecay_last20%",
         "aux_coef": float(cfg.aux_coef),
         "b_dec_init": cfg.b_dec_init,
+        "k": cfg.k,
+        "options": cfg.resolved_options(),
         "clip_grad_norm": float(cfg.clip_grad_norm),
         "T_dead": T_dead,
         "n_data_tokens": N,

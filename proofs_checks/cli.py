@@ -1,4 +1,4 @@
-"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict``, ``check-sae`` and ``train``.
+"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict``, ``check-sae``, ``train`` and ``activations``.
 
 Every command accepts ``--json`` where it prints results. Bad input exits with code 2 and one
 line on stderr (``dictcheck: error: ...``); no traceback reaches the user.
@@ -23,7 +23,14 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> OneLineParser:
     """The top-level parser; each command module adds its own subparser."""
-    from proofs_checks import cmd_check_dict, cmd_check_sae, cmd_solve, cmd_train, runner
+    from proofs_checks import (
+        cmd_activations,
+        cmd_check_dict,
+        cmd_check_sae,
+        cmd_solve,
+        cmd_train,
+        runner,
+    )
 
     parser = OneLineParser(prog="dictcheck", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -32,6 +39,7 @@ def build_parser() -> OneLineParser:
     cmd_check_dict.add_parser(commands)
     cmd_check_sae.add_parser(commands)
     cmd_train.add_parser(commands)
+    cmd_activations.add_parser(commands)
     return parser
 
 

@@ -37,7 +37,9 @@ class FeaturizerOutput:
     (bilinear autoencoders reconstruct the lift xxᵀ). ``codes`` are exactly zero where a latent
     does not fire (used for L0, firing frequencies and dead-latent tracking). ``extra`` holds
     further per-batch token means (e.g. ``nmse_lifted``, ``hoyer_density``) that evaluation
-    averages over tokens and writes to metrics.json under the same names.
+    averages over tokens and writes to metrics.json under the same names; ``extra_tokens`` is the
+    number of tokens those means are over (None: every row of the batch; bilinear autoencoders
+    drop zero rows).
     """
 
     x_hat: Tensor | None
@@ -48,6 +50,7 @@ class FeaturizerOutput:
     aux_loss: Tensor
     l0: Tensor
     extra: dict[str, Tensor] = field(default_factory=dict)
+    extra_tokens: int | None = None
 
 
 class Featurizer(torch.nn.Module):

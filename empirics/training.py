@@ -448,7 +448,8 @@ class _Rows:
 
     A row store (e.g. :class:`empirics.activation_store.ActivationStore`, memory-mapped shards) has
     ``shape`` (N, d_in), ``dtype``, ``__getitem__(int array) -> (len, d_in) array`` and
-    ``content_hash()``; its rows are checked for NaN/inf as they are read.
+    ``content_hash()``; its rows are checked for NaN/inf as they are read. A store's ``manifest``
+    (model name, hook, context) is copied into the saved config.
     """
 
     def __init__(self, X: Any, dtype: torch.dtype) -> None:
@@ -477,6 +478,15 @@ class _Rows:
         if not np.isfinite(rows).all():
             raise ValueError("the activation store holds NaN or inf")
         return torch.from_numpy(np.ascontiguousarray(rows)).to(self.dtype)
+
+
+def _source_fields(X: Any) -> dict[str, Any]:
+    """SaeConfig fields naming where the rows came from: an activation store's model and hook."""
+    manifest = getattr(X, "manifest", None)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("hook"), dict):
+        return {}
+    return {"hook": manifest["hook"], "model_name": manifest.get("model_name"),
+            "hook_name": manifest["hook"].get("hook_name"), "context_size": manifest.get("context")}
 
 
 def _check_shape(shape: tuple[int, ...], dtype: np.dtype) -> None:
@@ -682,6 +692,7 @@ def train(
         arch_fields=model.arch_fields(),
         dtype=cfg.dtype,
         device="cpu",
+        **_source_fields(X),
     )
     sae_cfg.metadata["dictcheck"]["training"] = {
         "steps": steps,
@@ -741,6 +752,7 @@ def _evaluate(model: Featurizer, Xt: _Rows, cfg: TrainConfig, device: torch.devi
         rows = torch.arange(N)
     x_parts, xh_parts = [], []
     extra_sums: dict[str, float] = {}
+    extra_weight = 0
     fire = torch.zeros(cfg.d_sae, dtype=torch.int64)
     nnz = 0
     chunk = max(1, min(cfg.batch_size, 8192))
@@ -750,8 +762,10 @@ def _evaluate(model: Featurizer, Xt: _Rows, cfg: TrainConfig, device: torch.devi
         active = (res.codes.detach().reshape(xb.shape[0], cfg.d_sae) != 0).cpu()
         fire += active.sum(dim=0)
         nnz += int(active.sum())
+        weight = xb.shape[0] if res.extra_tokens is None else res.extra_tokens
+        extra_weight += weight
         for name, value in res.extra.items():
-            extra_sums[name] = extra_sums.get(name, 0.0) + float(value) * xb.shape[0]
+            extra_sums[name] = extra_sums.get(name, 0.0) + float(value) * weight
         if res.x_hat is not None:
             x_parts.append(xb.to(torch.float64).numpy())
             xh_parts.append(res.x_hat.detach().cpu().to(torch.float64).reshape(xb.shape).numpy())
@@ -761,7 +775,7 @@ def _evaluate(model: Featurizer, Xt: _Rows, cfg: TrainConfig, device: torch.devi
             metrics.update(reconstruction_metrics(np.concatenate(x_parts), np.concatenate(xh_parts)))
         except ValueError as exc:  # e.g. zero-variance data: keep training results, say why
             metrics["metrics_error"] = str(exc)
-    metrics.update({name: total / n_eval for name, total in extra_sums.items()})
+    metrics.update({name: total / extra_weight for name, total in extra_sums.items()})
     if extra_sums:
         metrics["eval_batch_size"] = int(min(chunk, n_eval))
     metrics.update(model.firing_metrics(fire, n_eval))

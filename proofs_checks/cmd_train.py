@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from empirics.toy_data import TOYS, make_toy
 from empirics.training import ARCHS, TrainConfig, train
@@ -31,10 +31,18 @@ from proofs_checks.inputs import load_points
 _ARCH_OPTIONS = ("block_size", "denoise", "c_gl", "gate", "hoyer_coef", "decoder", "n_atoms", "k_c", "c_l1", "tile")
 
 
-def _data(args: argparse.Namespace) -> np.ndarray:
+def _data(args: argparse.Namespace) -> Any:
+    """The training rows: an .npy file, an activation directory (memory-mapped), or a toy."""
     if (args.data is None) == (args.toy is None):
         raise UserError("give exactly one of --data X.npy and --toy NAME")
     if args.data is not None:
+        if Path(args.data).is_dir():
+            from empirics.activation_store import open_activations
+
+            try:
+                return open_activations(args.data)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
         return load_points(args.data)
     if args.toy not in TOYS:
         raise UserError(f"unknown toy {args.toy!r}; choose one of {', '.join(sorted(TOYS))}")
@@ -78,7 +86,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``dictcheck train``."""
     p = commands.add_parser("train", help="train an SAE, BSF or bilinear autoencoder and save it in the SAELens layout")
     p.add_argument("--arch", required=True, choices=list(ARCHS))
-    p.add_argument("--data", metavar="X.npy", help="training data (N, D), one token per row")
+    p.add_argument("--data", metavar="X.npy|DIR", help="training data (N, D), one token per row, or a directory "
+                   "written by `dictcheck activations`")
     p.add_argument("--toy", metavar="NAME", help="a built-in toy data set instead of --data")
     p.add_argument("--d-sae", required=True, type=int, help="number of latents")
     p.add_argument("--k", type=int, help="active latents per token (topk, batchtopk)")

@@ -1,0 +1,385 @@
+"""Bilinear autoencoders: ``bilinear-quadratic``, ``bilinear-atomic``, ``bilinear-compound`` (spec/bilinear.md).
+
+Latent j is a quadratic form of the normalised token, z_j = xᵀW_j x, and the decoder reconstructs
+the lift T = xxᵀ as T̂ = Σ_j z_j W_j (spec §1). Priors (spec §2; parameters as saved, see
+:func:`empirics.sae_io.expected_shapes`):
+
+* ``bilinear-quadratic``: U, V (d_sae × D), z_j = (u_j·x)(v_j·x). Option ``decoder``:
+  ``"symmetric"`` (default) decodes with W_j = sym(u_j v_jᵀ); ``"asymmetric"`` with u_j v_jᵀ, only to
+  reproduce the workshop code. Reason (spec §4): T is symmetric, so
+  ‖T − T̂‖² = ‖T − sym T̂‖² + ‖asym T̂‖² and the asymmetric decoder adds a penalty on an
+  antisymmetric part that has nothing to do with reconstructing T; the encoder sees only
+  sym(W_j), so with the symmetric decoder the trained object is the analysed one; and atomic and
+  compound forms are symmetric anyway, so all priors share one loss.
+* ``bilinear-atomic``: U (d_sae × D), W_j = u_j u_jᵀ, z_j = (u_j·x)² ≥ 0.
+* ``bilinear-compound``: atoms U (n_atoms × D), composition C (d_sae × n_atoms), z = C_eff y with
+  y = (Ux)^∘2, W_k = Σ_j C_eff,kj u_j u_jᵀ. **Sparsity of C** (spec §2 Decision): C_eff keeps the
+  ``k_c`` largest |C_kj| of each row and zeroes the rest, recomputed in every forward pass; the
+  gradient passes straight through to ALL entries of C (C_eff = C − stopgrad(C ⊙ (1 − mask))), so a
+  dropped entry can re-enter. ``c_l1`` > 0 adds c_l1·Σ|C_kj| (the raw parameter) to the loss.
+  The saved ``C`` is C_eff, what the forward pass uses.
+
+Forward pass (spec §0, §3, §5): rows with ‖x‖ = 0 are dropped (they get zero codes and do not count
+in N), the others are normalised, x ← x/‖x‖. The loss is the kernel-trick form of
+:mod:`theory.bilinear_lifted` (one shared definition of the kernel blocks),
+
+    mse = (1/N)[⟨K, ZᵀZ⟩ − 2‖Z‖² + N]  = nmse_lifted (‖T‖ = 1),
+
+with nothing of size D×D or D² per token formed. ``tile`` > 0 splits the latent axis (the atom
+axis for the compound prior, whose quadratic term is evaluated as ⟨(UUᵀ)^∘2, HᵀH⟩, H = Z C_eff)
+into blocks, sums unordered block pairs with weight 1 on the diagonal and 2 off it (spec §3,
+pitfall §9.1), and recomputes each block pair in the backward pass (``torch.utils.checkpoint``), so
+the d_z × d_z kernel is never held in memory; the value equals the untiled one.
+
+Sparsity (spec §5): per-latent Hoyer density over the batch's N real tokens,
+η_j = (‖a_j‖₁/‖a_j‖₂ − 1)/(√N − 1) with a_j = |z_·j| (composites for the compound prior). Dead
+latents (a_j = 0) are excluded from η̄ and from the gradient and counted (``hoyer_dead``). Decision:
+a batch with fewer than 2 real tokens has no spread to measure, so its Hoyer term is 0.
+sparsity_loss = α_H·s(t)·η̄ (+ c_l1·‖C‖₁), with warm-up s(t) = min(1, t/256) from
+:meth:`BilinearAutoencoder.set_step`; s = 1 in eval mode or before any step was set.
+loss = mse + sparsity_loss; aux_loss = 0 (``aux_coef`` is accepted and ignored, as for non-TopK SAEs).
+
+Init (Decision, seeded by ``seed``; spec §8 names orthogonal init): U and V are semi-orthogonal
+(QR of a Gaussian matrix, orthonormal columns when there are more rows than columns) with each row
+then scaled to unit norm; C is semi-orthogonal likewise, each row scaled so that its top-k_c part
+has unit norm. Unit rows alone give an initial loss above 1 when d_sae ≫ D for the PSD priors
+(≈ 2.2 for atomic at d_sae = 8D: the positive forms pile up), so U (and V) are then multiplied
+by c^{1/4}, c = Σ_i‖z_i‖²/Σ_i z_iᵀKz_i evaluated on 256 seeded isotropic unit tokens: the
+least-squares overall scale of T̂ (T̂ scales as c), which puts the initial loss on isotropic
+data at 1 − (Σ‖z‖²)²/(N·Σ zᵀKz) < 1 (the all-zero reconstruction scores exactly 1).
+No parameter is constrained during training (decoder_norm_policy "none").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from empirics.featurizer import Featurizer, FeaturizerOutput
+from theory.bilinear_lifted import DECODERS, BilinearDictionary, block_pairs, kernel_block, quadratic_term
+
+__all__ = ["ARCHS", "HOYER_WARMUP_STEPS", "BilinearAutoencoder", "resolve_options", "build", "hoyer_mean"]
+
+ARCHS = ("bilinear-quadratic", "bilinear-atomic", "bilinear-compound")
+HOYER_WARMUP_STEPS = 256  # spec §5, s(t) = min(1, t/256)
+TOKEN_NORMALISATION = "x/||x||, zero rows dropped"
+DEFAULT_HOYER_COEF = 0.1
+DEFAULT_K_C = 8
+CALIBRATION_TOKENS = 256  # init scale calibration (Decision, module docstring)
+CALIBRATION_TILE = 4096  # bounds the memory of that one-off kernel evaluation
+
+_OPTIONS = {
+    "bilinear-quadratic": ("hoyer_coef", "decoder", "tile"),
+    "bilinear-atomic": ("hoyer_coef", "tile"),
+    "bilinear-compound": ("hoyer_coef", "n_atoms", "k_c", "c_l1", "tile"),
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _nonneg_real(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite real >= 0, got {v!r}")
+    return float(v)
+
+
+def _int_at_least(name: str, v: Any, low: int) -> int:
+    if not _is_int(v) or v < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+    return int(v)
+
+
+def resolve_options(arch: str, d_sae: int, k: int | None, lam: float | None, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``k``/``lam`` (must be None) and the options of ``arch``; return them with defaults filled.
+
+    Options: hoyer_coef (α_H ≥ 0, default 0.1), tile (≥ 0, default 0 = untiled); quadratic:
+    decoder ("symmetric" | "asymmetric"); compound: n_atoms (default 2·d_sae), k_c (1..n_atoms,
+    default min(8, n_atoms)), c_l1 (≥ 0, default 0.0).
+    """
+    if arch not in _OPTIONS:
+        raise ValueError(f"arch must be one of {list(_OPTIONS)}, got {arch!r}")
+    if k is not None:
+        raise ValueError(f"{arch} takes no k (got k={k!r}); its sparsity is the Hoyer term (hoyer_coef)")
+    if lam is not None:
+        raise ValueError(f"{arch} takes no lam (got lam={lam!r}); its sparsity is the Hoyer term (hoyer_coef)")
+    _int_at_least("d_sae", d_sae, 1)
+    unknown = sorted(set(options) - set(_OPTIONS[arch]))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for {arch}; allowed: {list(_OPTIONS[arch])}")
+    out: dict[str, Any] = {"hoyer_coef": _nonneg_real("hoyer_coef", options.get("hoyer_coef", DEFAULT_HOYER_COEF))}
+    if arch == "bilinear-quadratic":
+        decoder = options.get("decoder", "symmetric")
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
+        out["decoder"] = decoder
+    if arch == "bilinear-compound":
+        n_atoms = _int_at_least("n_atoms", options.get("n_atoms", 2 * d_sae), 1)
+        k_c = _int_at_least("k_c", options.get("k_c", min(DEFAULT_K_C, n_atoms)), 1)
+        if k_c > n_atoms:
+            raise ValueError(f"k_c must be <= n_atoms = {n_atoms}, got {k_c}")
+        out.update(n_atoms=n_atoms, k_c=k_c, c_l1=_nonneg_real("c_l1", options.get("c_l1", 0.0)))
+    out["tile"] = _int_at_least("tile", options.get("tile", 0), 0)
+    return out
+
+
+def _unit_row_orthogonal(rows: int, cols: int, gen: torch.Generator) -> Tensor:
+    """Semi-orthogonal (rows × cols) float64 matrix (QR of a Gaussian), each row scaled to unit norm."""
+    q, r = torch.linalg.qr(torch.randn(max(rows, cols), min(rows, cols), generator=gen, dtype=torch.float64))
+    q = q * torch.sign(torch.diagonal(r))  # a unique (Haar) Q
+    q = q if rows >= cols else q.T
+    return q / q.norm(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def _topk_mask(C: Tensor, k: int) -> Tensor:
+    """0/1 mask of the k largest |C_kj| of each row."""
+    idx = C.detach().abs().topk(k, dim=1).indices
+    return torch.zeros_like(C).scatter_(1, idx, 1.0)
+
+
+def hoyer_mean(A: Tensor) -> tuple[Tensor, int]:
+    """(η̄ over live latents, number of dead latents) of activations A (N, d_z), N ≥ 2 (spec §5).
+
+    η_j = (‖a_j‖₁/‖a_j‖₂ − 1)/(√N − 1) on |A|; latents with a_j = 0 get no value, no gradient and
+    are counted. η̄ = 0 when every latent is dead. Torch twin of theory.bilinear_lifted.hoyer_density.
+    """
+    N = A.shape[0]
+    if N < 2:
+        raise ValueError(f"Hoyer density needs at least 2 tokens, got {N}")
+    a = A.abs()
+    sq = (a * a).sum(0)
+    dead = sq == 0
+    l2 = torch.sqrt(torch.where(dead, torch.ones_like(sq), sq))
+    eta = (a.sum(0) / l2 - 1.0) / (math.sqrt(N) - 1.0)
+    live = (~dead).to(A.dtype)
+    n_live = int(live.sum())
+    return (eta * live).sum() / max(n_live, 1), int(dead.sum())
+
+
+def _pair_term(prior: str, decoder: str, U: Tensor, V: Tensor | None, M: Tensor, rows: slice, cols: slice) -> Tensor:
+    return (kernel_block(prior, decoder, U, V, rows, cols) * (M[:, rows].T @ M[:, cols])).sum()
+
+
+class BilinearAutoencoder(Featurizer):
+    """One bilinear autoencoder (module docstring). Build with :func:`build`."""
+
+    def __init__(
+        self,
+        arch: str,
+        d_in: int,
+        d_sae: int,
+        *,
+        hoyer_coef: float,
+        tile: int,
+        decoder: str = "symmetric",
+        n_atoms: int | None = None,
+        k_c: int | None = None,
+        c_l1: float = 0.0,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.arch, self.d_in, self.d_sae = arch, int(d_in), int(d_sae)
+        self.prior = arch.removeprefix("bilinear-")
+        self.hoyer_coef, self.tile, self.decoder = float(hoyer_coef), int(tile), decoder
+        self.n_atoms, self.k_c, self.c_l1 = n_atoms, k_c, float(c_l1)
+        self._step: int | None = None
+        gen = torch.Generator().manual_seed(int(seed))
+        n_u = n_atoms if self.prior == "compound" else self.d_sae
+        self.U = torch.nn.Parameter(_unit_row_orthogonal(n_u, self.d_in, gen).to(dtype))
+        self.V = (
+            torch.nn.Parameter(_unit_row_orthogonal(self.d_sae, self.d_in, gen).to(dtype))
+            if self.prior == "quadratic" else None
+        )
+        if self.prior == "compound":
+            C = _unit_row_orthogonal(self.d_sae, n_atoms, gen)
+            C = C / (C * _topk_mask(C, k_c)).norm(dim=1, keepdim=True)
+            self.C = torch.nn.Parameter(C.to(dtype))
+        else:
+            self.C = None
+        self._calibrate_scale_(gen)
+
+    @torch.no_grad()
+    def _calibrate_scale_(self, gen: torch.Generator) -> None:
+        """Scale U (and V) by c^{1/4}, c = Σ‖z‖²/Σ zᵀKz on CALIBRATION_TOKENS seeded isotropic unit tokens.
+
+        T̂ scales as c, so this is the least-squares overall scale of the reconstruction on isotropic
+        data and the initial loss there is 1 − (Σ‖z‖²)²/(N Σ zᵀKz) < 1 (Decision).
+        """
+        x = torch.randn(CALIBRATION_TOKENS, self.d_in, generator=gen, dtype=torch.float64).to(self.U.dtype)
+        xn = x / x.norm(dim=1, keepdim=True)
+        C_eff = self.effective_C() if self.prior == "compound" else None
+        z = self.latents(xn, C_eff)
+        M = z @ C_eff if C_eff is not None else z
+        q = quadratic_term(self.prior, self.decoder, self.U, self.V, M, CALIBRATION_TILE)
+        a = float((z * z).sum() / q) ** 0.25
+        for p in (self.U, self.V):
+            if p is not None:
+                p.mul_(a)
+
+    # ------------------------------------------------------------------ hooks
+    def set_step(self, step: int) -> None:
+        self._step = int(step)
+
+    def hoyer_scale(self) -> float:
+        """s(t) = min(1, t/256) in training mode once a step was set; 1 otherwise (spec §5)."""
+        if not self.training or self._step is None:
+            return 1.0
+        return min(1.0, self._step / HOYER_WARMUP_STEPS)
+
+    # ------------------------------------------------------------------ model
+    def effective_C(self) -> Tensor:
+        """C_eff: per-row top-k_c of |C| (values), gradient straight through to every entry of C."""
+        C = self.C
+        return C - (C * (1.0 - _topk_mask(C, self.k_c))).detach()
+
+    def normalise(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(x/‖x‖ of the nonzero rows, bool mask of those rows); ValueError on a bad batch."""
+        if x.ndim != 2 or x.shape[1] != self.d_in:
+            raise ValueError(f"x must have shape (B, {self.d_in}), got {tuple(x.shape)}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("x contains non-finite entries")
+        x = x.to(self.U.dtype)
+        norms = x.norm(dim=1)
+        keep = norms > 0
+        return x[keep] / norms[keep, None], keep
+
+    def latents(self, xn: Tensor, C_eff: Tensor | None = None) -> Tensor:
+        """Z (N, d_sae) of normalised rows ``xn`` (C_eff: the compound composition, default effective_C())."""
+        P = xn @ self.U.T
+        if self.prior == "quadratic":
+            return P * (xn @ self.V.T)
+        if self.prior == "atomic":
+            return P * P
+        return (P * P) @ (self.effective_C() if C_eff is None else C_eff).T
+
+    def _quadratic_term(self, M: Tensor) -> Tensor:
+        if self.tile == 0:
+            return quadratic_term(self.prior, self.decoder, self.U, self.V, M)
+        return sum(
+            w * checkpoint(_pair_term, self.prior, self.decoder, self.U, self.V, M, I, J, use_reentrant=False)
+            for I, J, w in block_pairs(M.shape[1], self.tile)
+        )
+
+    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:
+        xn, keep = self.normalise(x)
+        N = xn.shape[0]
+        if N == 0:
+            raise ValueError("the batch has no nonzero row (zero rows are dropped before normalising)")
+        C_eff = self.effective_C() if self.prior == "compound" else None
+        z = self.latents(xn, C_eff)
+        M = z @ C_eff if C_eff is not None else z
+        mse = (self._quadratic_term(M) - 2.0 * (z * z).sum() + N) / N
+        if N >= 2:
+            eta, n_dead = hoyer_mean(z)
+        else:
+            eta, n_dead = z.new_zeros(()), 0
+        sparsity = self.hoyer_coef * self.hoyer_scale() * eta
+        if self.prior == "compound" and self.c_l1 > 0:
+            sparsity = sparsity + self.c_l1 * self.C.abs().sum()
+        if bool(keep.all()):
+            codes = z
+        else:
+            codes = z.new_zeros(x.shape[0], self.d_sae)
+            codes[keep] = z
+        zero = mse.new_zeros(())
+        return FeaturizerOutput(
+            x_hat=None,
+            codes=codes,
+            loss=mse + sparsity,
+            mse=mse,
+            sparsity_loss=sparsity,
+            aux_loss=zero,
+            l0=(z != 0).sum(dim=1).to(mse.dtype).mean().detach(),
+            extra={
+                "nmse_lifted": mse.detach(),
+                "hoyer_density": eta.detach(),
+                "hoyer_dead": mse.new_tensor(float(n_dead)),
+            },
+            extra_tokens=N,
+        )
+
+    # ------------------------------------------------------------------ analysis
+    def dictionary(self) -> BilinearDictionary:
+        """The weights as a float64 :class:`theory.bilinear_lifted.BilinearDictionary` (C = C_eff)."""
+        w = {name: t.to(torch.float64).numpy() for name, t in self.state_weights().items()}
+        return BilinearDictionary(self.prior, w["U"], w.get("V"), w.get("C"), self.decoder)
+
+    def forms(self) -> np.ndarray:
+        """Symmetrised forms sym(W_j), float64 numpy (d_sae, D, D), for analysis (spec §6 step 1)."""
+        W = self.dictionary().forms()
+        return 0.5 * (W + W.transpose(0, 2, 1))
+
+    # ------------------------------------------------------------------ save / load
+    def state_weights(self) -> dict[str, Tensor]:
+        out = {"U": self.U.detach().clone()}
+        if self.V is not None:
+            out["V"] = self.V.detach().clone()
+        if self.C is not None:
+            with torch.no_grad():
+                out["C"] = self.effective_C().detach().clone()
+        return out
+
+    def load_state_weights(self, weights: dict[str, Tensor]) -> None:
+        own = {name: p for name, p in (("U", self.U), ("V", self.V), ("C", self.C)) if p is not None}
+        if set(weights) != set(own):
+            raise ValueError(f"{self.arch} weights must be exactly {sorted(own)}, got {sorted(weights)}")
+        for name, p in own.items():
+            t = weights[name]
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(p.shape)}")
+        with torch.no_grad():
+            for name, p in own.items():
+                p.copy_(weights[name].to(p.dtype))
+
+    def arch_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"hoyer_coef": self.hoyer_coef}
+        if self.prior == "quadratic":
+            fields["decoder"] = self.decoder
+        if self.prior == "compound":
+            fields.update(n_atoms=self.n_atoms, k_c=self.k_c, c_l1=self.c_l1)
+        fields.update(tile=self.tile, hoyer_warmup_steps=HOYER_WARMUP_STEPS, token_normalisation=TOKEN_NORMALISATION)
+        return fields
+
+    def load_arch_fields(self, fields: dict[str, Any]) -> None:
+        """Restore the non-weight options; n_atoms must match the built model (it fixes shapes)."""
+        opts = resolve_options(self.arch, self.d_sae, None, None,
+                               {k: v for k, v in fields.items() if k in _OPTIONS[self.arch]})
+        if self.prior == "compound" and opts["n_atoms"] != self.n_atoms:
+            raise ValueError(f"n_atoms {opts['n_atoms']} does not match the model's {self.n_atoms}")
+        self.hoyer_coef, self.tile = opts["hoyer_coef"], opts["tile"]
+        self.decoder = opts.get("decoder", self.decoder)
+        self.k_c, self.c_l1 = opts.get("k_c", self.k_c), opts.get("c_l1", self.c_l1)
+
+    def extra_repr(self) -> str:
+        return f"arch={self.arch}, d_in={self.d_in}, d_sae={self.d_sae}, " + ", ".join(
+            f"{k}={v}" for k, v in self.arch_fields().items() if k != "token_normalisation"
+        )
+
+
+def build(
+    arch: str,
+    d_in: int,
+    d_sae: int,
+    *,
+    k: int | None = None,
+    lam: float | None = None,
+    aux_coef: float = 0.0,
+    b_dec_init: Tensor | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    **options: Any,
+) -> BilinearAutoencoder:
+    """A freshly initialised :class:`BilinearAutoencoder` (``b_dec_init`` must be None: no centring vector)."""
+    opts = resolve_options(arch, d_sae, k, lam, options)
+    _int_at_least("d_in", d_in, 1)
+    if b_dec_init is not None:
+        raise ValueError(f"{arch} has no centring vector; b_dec_init must be None (tokens are normalised instead)")
+    return BilinearAutoencoder(arch, d_in, d_sae, seed=seed, dtype=dtype, **opts)

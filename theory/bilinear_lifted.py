@@ -1,0 +1,339 @@
+"""Bilinear autoencoders in the lifted space: forms, the kernel-trick loss, its gradients, Hoyer density.
+
+spec/bilinear.md §0–§3, §5 and §10. float64 numpy references; the test oracles of
+:mod:`empirics.bilinear_models`.
+
+Layout (as everywhere in dictcheck): tokens are ROWS. ``X`` is (N, D) with unit-norm rows,
+``Z`` is (N, d_z). The spec writes the batch as columns (X ∈ R^{D×N}); its formulas are transposed
+accordingly. ``U`` (d_z × D) and ``V`` hold the GLU factors as rows; the compound prior has atoms
+``U`` (n_a × D) and composition ``C`` (d_z × n_a) (the EFFECTIVE, already sparsified C).
+
+Priors (spec §2) and their kernels K_jl = ⟨W_j, W_l⟩_F:
+
+=====================  ===============================  ==========================================
+prior / decoder        latent z_j                       K
+=====================  ===============================  ==========================================
+quadratic, symmetric   (u_j·x)(v_j·x)                   ½[(UUᵀ)⊙(VVᵀ) + (UVᵀ)⊙(VUᵀ)]  (W_j = sym(u_j v_jᵀ))
+quadratic, asymmetric  (u_j·x)(v_j·x)                   (UUᵀ)⊙(VVᵀ)                    (W_j = u_j v_jᵀ)
+atomic                 (u_j·x)²                         (UUᵀ)^∘2                       (W_j = u_j u_jᵀ)
+compound               z = C y, y = (Ux)^∘2             C (UUᵀ)^∘2 Cᵀ                  (W_k = Σ_j C_kj u_j u_jᵀ)
+=====================  ===============================  ==========================================
+
+Batch loss (spec §3), with ‖x‖ = 1 so ‖T‖_F = 1 and ⟨T, W_j⟩ = z_j:
+
+    L = (1/N) Σ_i ‖x_i x_iᵀ − Σ_j z_ij W_j‖_F² = (1/N)[⟨K, ZᵀZ⟩_F − 2‖Z‖_F² + N].
+
+For the compound prior the quadratic term is evaluated in atom space (spec §3): with H = Z C,
+⟨K, ZᵀZ⟩ = ⟨(UUᵀ)^∘2, HᵀH⟩. Tiling (spec §3, pitfall §9.1): the quadratic term is
+Σ_{I≤J} w_IJ ⟨K_IJ, M_Iᵀ M_J⟩ over blocks of the latent (compound: atom) axis with w = 1 on
+diagonal block pairs and w = 2 off the diagonal (K and MᵀM are symmetric).
+
+:func:`kernel_block`, :func:`block_pairs` and :func:`quadratic_term` use only ``@``, ``*``, ``.T``
+and ``.sum()``, so the torch model evaluates the same expressions on tensors (one definition).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "PRIORS",
+    "DECODERS",
+    "BilinearDictionary",
+    "normalise_tokens",
+    "naive_lifted_loss",
+    "kernel_block",
+    "block_pairs",
+    "quadratic_term",
+    "kernel_lifted_loss",
+    "lifted_loss_gradients",
+    "HoyerDensity",
+    "hoyer_density",
+    "ordered_lifted_loss",
+    "naive_ordered_lifted_loss",
+]
+
+PRIORS = ("quadratic", "atomic", "compound")
+DECODERS = ("symmetric", "asymmetric")
+#: |‖x‖ − 1| above this means the rows were not normalised (the "+N" of the kernel loss needs ‖x‖ = 1).
+UNIT_NORM_TOL = 1e-8
+
+
+def _matrix(name: str, A: Any, cols: int | None = None) -> NDArray[np.float64]:
+    A = np.asarray(A, dtype=np.float64)
+    if A.ndim != 2:
+        raise ValueError(f"{name} must be a 2-d array, got shape {A.shape}")
+    if cols is not None and A.shape[1] != cols:
+        raise ValueError(f"{name} must have {cols} columns, got shape {A.shape}")
+    if not np.all(np.isfinite(A)):
+        raise ValueError(f"{name} contains non-finite entries")
+    return A
+
+
+@dataclass(frozen=True)
+class BilinearDictionary:
+    """The weights of one bilinear autoencoder (spec §2), validated, float64.
+
+    ``quadratic``: U, V (d_z × D), ``decoder`` symmetric (default, spec §4) or asymmetric.
+    ``atomic``: U (d_z × D); V is None. ``compound``: U (n_a × D) atoms, C (d_z × n_a), the
+    effective (sparsified) composition used by the forward pass.
+    """
+
+    prior: str
+    U: NDArray[np.float64]
+    V: NDArray[np.float64] | None = None
+    C: NDArray[np.float64] | None = None
+    decoder: str = "symmetric"
+
+    def __post_init__(self) -> None:
+        if self.prior not in PRIORS:
+            raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {self.decoder!r}")
+        if self.prior != "quadratic" and self.decoder != "symmetric":
+            raise ValueError(f"decoder={self.decoder!r} exists only for the quadratic prior")
+        U = _matrix("U", self.U)
+        object.__setattr__(self, "U", U)
+        needs_v, needs_c = self.prior == "quadratic", self.prior == "compound"
+        if (self.V is not None) != needs_v:
+            raise ValueError(f"V must be {'given' if needs_v else 'None'} for the {self.prior} prior")
+        if (self.C is not None) != needs_c:
+            raise ValueError(f"C must be {'given' if needs_c else 'None'} for the {self.prior} prior")
+        if needs_v:
+            V = _matrix("V", self.V, U.shape[1])
+            if V.shape != U.shape:
+                raise ValueError(f"U and V must have the same shape, got {U.shape} and {V.shape}")
+            object.__setattr__(self, "V", V)
+        if needs_c:
+            object.__setattr__(self, "C", _matrix("C", self.C, U.shape[0]))
+
+    @property
+    def d_in(self) -> int:
+        return self.U.shape[1]
+
+    @property
+    def d_z(self) -> int:
+        return self.C.shape[0] if self.C is not None else self.U.shape[0]
+
+    def latents(self, X: NDArray) -> NDArray[np.float64]:
+        """Z (N, d_z): z_j = xᵀW_j x for each row x of X (no normalisation here)."""
+        X = _matrix("X", X, self.d_in)
+        P = X @ self.U.T
+        if self.prior == "quadratic":
+            return P * (X @ self.V.T)
+        if self.prior == "atomic":
+            return P**2
+        return P**2 @ self.C.T
+
+    def forms(self) -> NDArray[np.float64]:
+        """The decoder's forms W_j, (d_z, D, D): sym(u_j v_jᵀ) | u_j v_jᵀ (asymmetric) | u_j u_jᵀ | Σ_j C_kj u_j u_jᵀ.
+
+        The encoder sees only sym(W_j); the asymmetric decoder's forms are not symmetric.
+        """
+        U = self.U
+        if self.prior == "quadratic":
+            W = np.einsum("jd,je->jde", U, self.V)
+            return W if self.decoder == "asymmetric" else 0.5 * (W + W.transpose(0, 2, 1))
+        atoms = np.einsum("jd,je->jde", U, U)
+        return atoms if self.prior == "atomic" else np.einsum("kj,jde->kde", self.C, atoms)
+
+    def kernel(self) -> NDArray[np.float64]:
+        """K (d_z × d_z), K_jl = ⟨W_j, W_l⟩_F, from Gram matrices (nothing D×D formed)."""
+        m = self.U.shape[0]
+        K = kernel_block(self.prior, self.decoder, self.U, self.V, slice(0, m), slice(0, m))
+        return K if self.prior != "compound" else self.C @ K @ self.C.T
+
+
+def normalise_tokens(X: NDArray) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """(rows x/‖x‖ of the nonzero rows, mask of the kept rows) (spec §0; zero rows are dropped)."""
+    X = _matrix("X", X)
+    norms = np.linalg.norm(X, axis=1)
+    keep = norms > 0
+    return X[keep] / norms[keep, None], keep
+
+
+def _unit_rows(X: NDArray, d_in: int) -> NDArray[np.float64]:
+    X = _matrix("X", X, d_in)
+    if X.shape[0] == 0:
+        raise ValueError("X has no rows")
+    dev = np.max(np.abs(np.linalg.norm(X, axis=1) - 1.0))
+    if dev > UNIT_NORM_TOL:
+        raise ValueError(f"rows of X must have unit norm (max |‖x‖ − 1| = {dev:.3g}); use normalise_tokens")
+    return X
+
+
+def naive_lifted_loss(X: NDArray, W: NDArray) -> float:
+    """The test oracle: (1/N) Σ_i ‖x_i x_iᵀ − Σ_j z_ij W_j‖_F² with z_ij = x_iᵀW_j x_i (spec §1).
+
+    Forms T_i = x_i x_iᵀ and T̂_i explicitly (N·D² memory). ``X`` (N, D) rows as given (the
+    definition needs no normalisation); ``W`` (d_z, D, D) the forms, e.g. ``BilinearDictionary.forms()``.
+    """
+    X = _matrix("X", X)
+    W = np.asarray(W, dtype=np.float64)
+    if W.ndim != 3 or W.shape[1:] != (X.shape[1], X.shape[1]):
+        raise ValueError(f"W must have shape (d_z, {X.shape[1]}, {X.shape[1]}), got {W.shape}")
+    if X.shape[0] == 0:
+        raise ValueError("X has no rows")
+    T = np.einsum("nd,ne->nde", X, X)
+    Z = np.einsum("nd,jde,ne->nj", X, W, X)
+    T_hat = np.einsum("nj,jde->nde", Z, W)
+    return float(np.sum((T - T_hat) ** 2) / X.shape[0])
+
+
+def kernel_block(prior: str, decoder: str, U: Any, V: Any, rows: slice, cols: slice) -> Any:
+    """K[rows, cols] from Gram blocks (numpy arrays or torch tensors alike).
+
+    quadratic: ½[(U_I U_Jᵀ)⊙(V_I V_Jᵀ) + (U_I V_Jᵀ)⊙(V_I U_Jᵀ)] (symmetric decoder) or
+    (U_I U_Jᵀ)⊙(V_I V_Jᵀ) (asymmetric); atomic and compound: (U_I U_Jᵀ)^∘2, which for the compound
+    prior is the ATOM kernel (U holds the atoms).
+    """
+    UU = U[rows] @ U[cols].T
+    if prior != "quadratic":
+        return UU * UU
+    K = UU * (V[rows] @ V[cols].T)
+    if decoder == "asymmetric":
+        return K
+    return 0.5 * (K + (U[rows] @ V[cols].T) * (V[rows] @ U[cols].T))
+
+
+def block_pairs(m: int, tile: int) -> list[tuple[slice, slice, float]]:
+    """Unordered block pairs (I ≤ J) of an axis of length m in tiles of ``tile`` (0 = one block).
+
+    Weight 1 for diagonal pairs and 2 for off-diagonal ones (spec §3; pitfall §9.1).
+    """
+    if tile < 0:
+        raise ValueError(f"tile must be >= 0, got {tile}")
+    step = m if tile == 0 or tile >= m else tile
+    starts = range(0, m, step)
+    return [
+        (slice(a, min(a + step, m)), slice(b, min(b + step, m)), 1.0 if a == b else 2.0)
+        for a in starts
+        for b in starts
+        if a <= b
+    ]
+
+
+def quadratic_term(prior: str, decoder: str, U: Any, V: Any, M: Any, tile: int = 0) -> Any:
+    """Σ_i m_iᵀ K m_i = Σ_{I≤J} w_IJ ⟨K_IJ, M_Iᵀ M_J⟩ (M (N, m): Z, or H = Z C for the compound prior)."""
+    return sum(
+        w * (kernel_block(prior, decoder, U, V, I, J) * (M[:, I].T @ M[:, J])).sum()
+        for I, J, w in block_pairs(M.shape[1], tile)
+    )
+
+
+def kernel_lifted_loss(X: NDArray, dictionary: BilinearDictionary, tile: int = 0) -> float:
+    """The kernel-trick loss (1/N)[⟨K, ZᵀZ⟩ − 2‖Z‖² + N] (spec §3); X (N, D) with unit rows.
+
+    Nothing D×D is formed. ``tile`` > 0 evaluates ⟨K, ZᵀZ⟩ in tiles (same value).
+    """
+    d = dictionary
+    X = _unit_rows(X, d.d_in)
+    Z = d.latents(X)
+    M = Z @ d.C if d.prior == "compound" else Z
+    q = quadratic_term(d.prior, d.decoder, d.U, d.V, M, tile)
+    N = X.shape[0]
+    return float((q - 2.0 * np.sum(Z * Z) + N) / N)
+
+
+def lifted_loss_gradients(X: NDArray, dictionary: BilinearDictionary) -> dict[str, NDArray[np.float64]]:
+    """Closed-form gradients of the kernel loss (spec §3), rows layout; keys "U", "V" / "U" / "U", "C".
+
+    With G = ∂L/∂Z = (2ZK − 4Z)/N, S = ZᵀZ/N, P_U = XUᵀ, P_V = XVᵀ:
+
+    * quadratic, symmetric: ∇_U = (G⊙P_V)ᵀX + (S⊙VVᵀ)U + (S⊙VUᵀ)V, ∇_V = (G⊙P_U)ᵀX + (S⊙UUᵀ)V + (S⊙UVᵀ)U;
+    * quadratic, asymmetric: ∇_U = (G⊙P_V)ᵀX + 2(S⊙VVᵀ)U, and symmetrically for V;
+    * atomic: ∇_U = (G⊙2P_U)ᵀX + 4(S⊙UUᵀ)U;
+    * compound (chain rule through z = Cy, K = C A Cᵀ with A = (UUᵀ)^∘2):
+      ∇_C = GᵀY + 2 S C A, ∇_U = ((GC)⊙2P_U)ᵀX + 4(S_a⊙UUᵀ)U with S_a = CᵀSC.
+
+    ∇_C is with respect to the effective C; the model passes it straight through to all entries.
+    """
+    d = dictionary
+    X = _unit_rows(X, d.d_in)
+    N = X.shape[0]
+    U, V, C = d.U, d.V, d.C
+    Z = d.latents(X)
+    G = (2.0 * Z @ d.kernel() - 4.0 * Z) / N
+    S = Z.T @ Z / N
+    PU = X @ U.T
+    if d.prior == "quadratic":
+        PV = X @ V.T
+        if d.decoder == "symmetric":
+            gU = (G * PV).T @ X + (S * (V @ V.T)) @ U + (S * (V @ U.T)) @ V
+            gV = (G * PU).T @ X + (S * (U @ U.T)) @ V + (S * (U @ V.T)) @ U
+        else:
+            gU = (G * PV).T @ X + 2.0 * (S * (V @ V.T)) @ U
+            gV = (G * PU).T @ X + 2.0 * (S * (U @ U.T)) @ V
+        return {"U": gU, "V": gV}
+    if d.prior == "atomic":
+        return {"U": (G * 2.0 * PU).T @ X + 4.0 * (S * (U @ U.T)) @ U}
+    UU = U @ U.T
+    Y = PU**2
+    gC = G.T @ Y + 2.0 * S @ C @ (UU * UU)
+    gU = ((G @ C) * 2.0 * PU).T @ X + 4.0 * ((C.T @ S @ C) * UU) @ U
+    return {"U": gU, "C": gC}
+
+
+class HoyerDensity(NamedTuple):
+    """Per-latent Hoyer density (spec §5): ``eta`` (d_z,), 0.0 as a placeholder where ``dead``;
+    ``dead`` (d_z,) bool (a_j = 0 over the batch); ``mean`` η̄ over the live latents (0.0 if none);
+    ``n_dead``."""
+
+    eta: NDArray[np.float64]
+    dead: NDArray[np.bool_]
+    mean: float
+    n_dead: int
+
+
+def hoyer_density(A: NDArray) -> HoyerDensity:
+    """η_j = (‖a_j‖₁/‖a_j‖₂ − 1)/(√N − 1) ∈ [0, 1] per latent over the N rows of A (N, d_z) (spec §5).
+
+    |a| is used implicitly (norms). Dead latents (a_j = 0, 0/0) are excluded from η̄ and counted,
+    never NaN. Needs N ≥ 2 (√N − 1 = 0 otherwise). The rows must be the batch's real tokens only.
+    """
+    A = _matrix("A", A)
+    N = A.shape[0]
+    if N < 2:
+        raise ValueError(f"Hoyer density needs at least 2 tokens, got {N}")
+    l1 = np.sum(np.abs(A), axis=0)
+    l2 = np.sqrt(np.sum(A * A, axis=0))
+    dead = l2 == 0
+    eta = np.where(dead, 0.0, (l1 / np.where(dead, 1.0, l2) - 1.0) / (np.sqrt(N) - 1.0))
+    live = ~dead
+    mean = float(np.mean(eta[live])) if np.any(live) else 0.0
+    return HoyerDensity(eta, dead, mean, int(np.sum(dead)))
+
+
+def ordered_lifted_loss(X: NDArray, dictionary: BilinearDictionary) -> float:
+    """Prefix-averaged (nested) loss of spec §10: mean_i [z_iᵀ(K⊙Γ)z_i − 2Σ_j c_j z_ij²] + 1,
+
+    Γ_jl = (d_z − max(j, l))/d_z, c_j = (d_z − j)/d_z (0-based j), i.e. E_p over p uniform on
+    {1..d_z} of the loss of the prefix dictionary {W_j : j < p}. X (N, D) with unit rows.
+    """
+    d = dictionary
+    X = _unit_rows(X, d.d_in)
+    Z = d.latents(X)
+    n = d.d_z
+    j = np.arange(n)
+    gamma = (n - np.maximum.outer(j, j)) / n
+    c = (n - j) / n
+    quad = np.einsum("nj,jl,nl->n", Z, d.kernel() * gamma, Z)
+    return float(np.mean(quad - 2.0 * (Z * Z) @ c) + 1.0)
+
+
+def naive_ordered_lifted_loss(X: NDArray, dictionary: BilinearDictionary) -> float:
+    """Oracle of :func:`ordered_lifted_loss`: the mean over p = 1..d_z of the naive loss of the first p forms.
+
+    The latents are those of the full dictionary (a prefix only truncates the decoder's sum).
+    """
+    d = dictionary
+    X = _matrix("X", X, d.d_in)
+    W = d.forms()
+    Z = d.latents(X)
+    T = np.einsum("nd,ne->nde", X, X)
+    losses = [np.sum((T - np.einsum("nj,jde->nde", Z[:, :p], W[:p])) ** 2) / X.shape[0] for p in range(1, d.d_z + 1)]
+    return float(np.mean(losses))

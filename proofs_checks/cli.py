@@ -1,4 +1,5 @@
-"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict``, ``check-sae``, ``train`` and ``activations``.
+"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict``, ``check-sae``, ``train``,
+``inspect-bilinear``, ``bench-manifolds`` and ``activations``.
 
 Every command accepts ``--json`` where it prints results. Bad input exits with code 2 and one
 line on stderr (``dictcheck: error: ...``); no traceback reaches the user.
@@ -25,8 +26,10 @@ def build_parser() -> OneLineParser:
     """The top-level parser; each command module adds its own subparser."""
     from proofs_checks import (
         cmd_activations,
+        cmd_bench_manifolds,
         cmd_check_dict,
         cmd_check_sae,
+        cmd_inspect_bilinear,
         cmd_solve,
         cmd_train,
         runner,
@@ -39,7 +42,9 @@ def build_parser() -> OneLineParser:
     cmd_check_dict.add_parser(commands)
     cmd_check_sae.add_parser(commands)
     cmd_train.add_parser(commands)
+    cmd_inspect_bilinear.add_parser(commands)
     cmd_activations.add_parser(commands)
+    cmd_bench_manifolds.add_parser(commands)
     return parser
 
 

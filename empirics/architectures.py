@@ -73,6 +73,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     # whose default here is 1e-3 (Decision).
     **{a: Architecture(a, "bilinear", "empirics.bilinear_models", _BILINEAR_INITS, _constant_lr(1e-3))
        for a in ("bilinear-quadratic", "bilinear-atomic", "bilinear-compound")},
+    # spec/vasae.md §1, §6: no b_dec subtraction and no median init (b_dec starts at 0); lr 1e-3 (the authors').
+    "vasae": Architecture("vasae", "vasae", "empirics.vasae_models", ("zero",), _constant_lr(1e-3)),
 }
 
 
@@ -85,5 +87,5 @@ def architecture(name: str) -> Architecture:
 
 
 def family_of(name: str) -> str:
-    """'sae', 'bsf' or 'bilinear'."""
+    """'sae', 'bsf', 'bilinear' or 'vasae'."""
     return architecture(name).family

@@ -36,7 +36,9 @@ Sparsity (spec §5): per-latent Hoyer density over the batch's N real tokens,
 latents (a_j = 0) are excluded from η̄ and from the gradient and counted (``hoyer_dead``). Decision:
 a batch with fewer than 2 real tokens has no spread to measure, so its Hoyer term is 0.
 sparsity_loss = α_H·s(t)·η̄ (+ c_l1·‖C‖₁), with warm-up s(t) = min(1, t/256) from
-:meth:`BilinearAutoencoder.set_step`; s = 1 in eval mode or before any step was set.
+:meth:`BilinearAutoencoder.set_step`; s = 1 in eval mode or before any step was set. Decision: t is
+the 0-based optimiser step the training loop passes, so the first update has no Hoyer term
+(s(0) = 0) and s = 1 from the 257th update (t = 256) on.
 loss = mse + sparsity_loss; aux_loss = 0 (``aux_coef`` is accepted and ignored, as for non-TopK SAEs).
 
 Init (Decision, seeded by ``seed``; spec §8 names orthogonal init): U and V are semi-orthogonal

@@ -108,7 +108,8 @@ __all__ = [
 
 #: Architectures trained here (linear SAEs, block-sparse featurizers, bilinear autoencoders).
 ARCHS: tuple[str, ...] = tuple(ARCHITECTURES)
-_TOPK_FAMILY = frozenset({"topk", "batchtopk"})
+#: Architectures whose k is the SAELens top-level cfg field (BSF keeps its k in metadata.dictcheck.bsf).
+_TOPK_FAMILY = frozenset({"topk", "batchtopk", "vasae"})
 #: Every centring rule; each architecture allows a subset (empirics.architectures).
 B_DEC_INITS: tuple[str, ...] = ("geometric_median", "huber_median", "mean", "zero", "none")
 LOG_FILE = "train_log.jsonl"

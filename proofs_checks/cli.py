@@ -1,5 +1,5 @@
 """The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict``, ``check-sae``, ``train``,
-``inspect-bilinear``, ``bench-manifolds`` and ``activations``.
+``inspect-bilinear``, ``bench-manifolds``, ``activations`` and ``eval-lm``.
 
 Every command accepts ``--json`` where it prints results. Bad input exits with code 2 and one
 line on stderr (``dictcheck: error: ...``); no traceback reaches the user.
@@ -29,6 +29,7 @@ def build_parser() -> OneLineParser:
         cmd_bench_manifolds,
         cmd_check_dict,
         cmd_check_sae,
+        cmd_eval_lm,
         cmd_inspect_bilinear,
         cmd_solve,
         cmd_train,
@@ -45,6 +46,7 @@ def build_parser() -> OneLineParser:
     cmd_inspect_bilinear.add_parser(commands)
     cmd_activations.add_parser(commands)
     cmd_bench_manifolds.add_parser(commands)
+    cmd_eval_lm.add_parser(commands)
     return parser
 
 

@@ -2,33 +2,63 @@
 
     dictcheck train --arch ARCH (--data X.npy | --toy NAME) --d-sae M
                     [--k K] [--lam L] [--steps S] [--batch-size B] [--lr LR] [--seed S]
-                    [--aux-coef A] [--checkpoint-every C] --out DIR [--resume] [--wandb PROJECT] [--json]
+                    [--aux-coef A] [--checkpoint-every C] [--log-every L] [--dtype float32|float64]
+                    [--device auto|cpu|cuda] [--nproc P] --out DIR [--resume] [--wandb PROJECT] [--json]
                     [BSF: --block-size Q [--denoise SNR] [--c-gl C] [--gate shrink|ste]]
                     [bilinear: --hoyer-coef A [--decoder symmetric|asymmetric] [--n-atoms N] [--k-c K] [--c-l1 C] [--tile T]]
+                    [vasae: --k K --anchor-coef A --anchor-source SRC [--anchor-every M] [--tie none|hard]]
 
 ARCH is a linear SAE (relu, topk, batchtopk, jumprelu, abs), a block-sparse featurizer (bsf-vanilla,
 bsf-grassmann, bsf-grouplasso; d_sae = n_b·q, k = active blocks) or a bilinear autoencoder
-(bilinear-quadratic, bilinear-atomic, bilinear-compound; d_sae = number of latents).
+(bilinear-quadratic, bilinear-atomic, bilinear-compound; d_sae = number of latents), or a
+vocabulary-anchored TopK SAE (vasae).
 The λ of ``relu``/``abs`` is the λ of theory objective (1) (penalty 2λ‖z‖₁, mean over tokens);
 ``jumprelu`` uses it for its L0 penalty. A run killed at any moment resumes with ``--resume``.
+
+**Several processes** (:mod:`empirics.distributed`). ``--nproc P`` starts P data-parallel ranks
+through PyTorch's elastic launcher (what ``torchrun --standalone --nproc-per-node P`` runs) with
+the same arguments minus ``--nproc``; ``torchrun --nproc-per-node P -m proofs_checks.cli train ...``
+works as well. ``--batch-size`` is the global batch (divisible by P). A failed rank ends the job
+with one line naming the rank and what happened (exit code 2 for a user error, else 1) and, when
+a checkpoint exists, how to ``--resume``; each worker records its one-line error in torchrun's
+error file (``TORCHELASTIC_ERROR_FILE``). Workers default to OMP_NUM_THREADS = cores // P.
+Fault injection for tests: ``DICTCHECK_FAULT_INJECT=RANK:STEP`` makes rank RANK kill itself
+(SIGKILL) after completing step STEP.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-
+from empirics.distributed import SINGLE, World, env_world_size, process_group
 from empirics.toy_data import TOYS, make_toy
-from empirics.training import ARCHS, TrainConfig, train
+from empirics.training import ARCHS, TrainConfig, latest_checkpoint, train
 from proofs_checks.errors import UserError
 from proofs_checks.inputs import load_points
 
 
 #: argparse destinations that are architecture options (TrainConfig.options), same names.
-_ARCH_OPTIONS = ("block_size", "denoise", "c_gl", "gate", "hoyer_coef", "decoder", "n_atoms", "k_c", "c_l1", "tile")
+_ARCH_OPTIONS = ("block_size", "denoise", "c_gl", "gate", "hoyer_coef", "decoder", "n_atoms", "k_c", "c_l1", "tile",
+                 "anchor_coef", "anchor_every", "anchor_mode", "anchor_chunk", "anchor_source", "tie")
+
+#: Set by ``--nproc`` for its workers: they leave reporting errors to the launcher.
+_LAUNCHED_ENV = "DICTCHECK_LAUNCHED"
+_FAULT_ENV = "DICTCHECK_FAULT_INJECT"
+#: Namespace entries that are not options of the workers' command line.
+_NOT_FORWARDED = frozenset({"command", "handler", "nproc"})
+#: Worker exit code of a reported user error (the CLI's code for bad input).
+_USER_ERROR_EXIT = 2
 
 
 def _data(args: argparse.Namespace) -> Any:
@@ -49,23 +79,84 @@ def _data(args: argparse.Namespace) -> Any:
     return make_toy(args.toy, seed=args.seed).X.T
 
 
-def run_train(args: argparse.Namespace) -> int:
-    """Handler of ``dictcheck train``."""
-    X = _data(args)
+def _config(args: argparse.Namespace) -> TrainConfig:
     options: dict[str, Any] = {"arch": args.arch, "d_sae": args.d_sae, "k": args.k, "lam": args.lam,
                                "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                               "aux_coef": args.aux_coef, "wandb_project": args.wandb}
-    if args.checkpoint_every is not None:
-        options["checkpoint_every"] = args.checkpoint_every
+                               "aux_coef": args.aux_coef, "wandb_project": args.wandb, "dtype": args.dtype,
+                               "device": args.device}
+    for name in ("checkpoint_every", "log_every"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     arch_options = {name: getattr(args, name) for name in _ARCH_OPTIONS if getattr(args, name) is not None}
     if arch_options:
         options["options"] = arch_options
+    cfg = TrainConfig(**options)
+    cfg.validate()
+    return cfg
+
+
+def _fault_injection(rank: int) -> Callable[[int], None] | None:
+    """The ``on_step`` hook of ``DICTCHECK_FAULT_INJECT=RANK:STEP`` (tests: a rank killed mid-run)."""
+    spec = os.environ.get(_FAULT_ENV)
+    if not spec:
+        return None
     try:
-        cfg = TrainConfig(**options)
-        cfg.validate()
-        result = train(X, cfg, args.out, resume=args.resume)
-    except (ValueError, FileExistsError) as exc:  # bad config, W&B asked for but missing, or --out in use
+        target_rank, target_step = (int(v) for v in spec.split(":"))
+    except ValueError:
+        raise UserError(f"{_FAULT_ENV} must be RANK:STEP, got {spec!r}") from None
+
+    def on_step(step: int) -> None:
+        if step == target_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return on_step if rank == target_rank else None
+
+
+def _report_worker_error(world_size: int, rank: int, message: str) -> int:
+    """A worker's user error: into torchrun's error file, and on stderr unless ``--nproc`` launched it."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        Path(error_file).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+    if os.environ.get(_LAUNCHED_ENV) != "1":
+        sys.stderr.write(f"dictcheck: error: [rank {rank}/{world_size}] {message}\n")
+    return _USER_ERROR_EXIT
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Handler of ``dictcheck train``: here, as one rank under torchrun, or launching ``--nproc`` ranks."""
+    if args.nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {args.nproc}")
+    try:
+        world_size = env_world_size()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.nproc > 1:
+        if world_size > 1:
+            raise UserError("--nproc starts torchrun itself; under torchrun leave --nproc out")
+        return _launch(args)
+    if world_size == 1:
+        return _train_here(args, SINGLE)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        cfg = _config(args)
+        with process_group(cuda=cfg.resolved_device().type == "cuda") as world:
+            return _train_here(args, world, cfg)
+    except UserError as exc:
+        return _report_worker_error(world_size, rank, str(exc))
+    except (ValueError, FileExistsError) as exc:
+        return _report_worker_error(world_size, rank, str(exc).splitlines()[0])
+
+
+def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None = None) -> int:
+    """Train in this process (rank ``world.rank`` of ``world.size``); rank 0 prints the summary."""
+    X = _data(args)
+    try:
+        cfg = _config(args) if cfg is None else cfg
+        result = train(X, cfg, args.out, resume=args.resume, world=world, on_step=_fault_injection(world.rank))
+    except (ValueError, FileExistsError, FloatingPointError) as exc:  # bad config, W&B missing, --out in use, NaN
         raise UserError(str(exc).splitlines()[0]) from None
+    if not world.is_main:
+        return 0
     summary = {"out": str(result.out_dir), "steps": result.steps, "n_tokens": result.n_tokens,
                "resumed_from": result.resumed_from, "final_loss": result.final_loss,
                "dead_frac_train": result.dead_frac_train, "metrics": result.metrics}
@@ -79,6 +170,72 @@ def run_train(args: argparse.Namespace) -> int:
                  if isinstance(m.get(name), (int, float))]
         print("  " + "  ".join(f"{name} {m[name]:.4g}" for name in shown))
         print(f"  saved to {result.out_dir} (cfg.json + sae_weights.safetensors, train_log.jsonl, checkpoints/)")
+    return 0
+
+
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    """The ``dictcheck train`` arguments of the workers: every given option but ``--nproc``
+    (each option's flag is ``--`` + its destination with ``_`` → ``-``)."""
+    argv: list[str] = []
+    for dest, value in vars(args).items():
+        if dest in _NOT_FORWARDED or value is None or value is False:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
+@contextlib.contextmanager
+def _quiet_launcher_logs() -> Iterator[None]:
+    """Silence the elastic agent's log records (the launcher reports a failure in one line itself)."""
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.launcher")]
+    saved = [(lg.propagate, list(lg.handlers)) for lg in loggers]
+    for lg in loggers:
+        lg.propagate = False
+        lg.handlers = [logging.NullHandler()]
+    try:
+        yield
+    finally:
+        for lg, (propagate, handlers) in zip(loggers, saved):
+            lg.propagate, lg.handlers = propagate, handlers
+
+
+def _failure_line(rank: int, failure: Any, out: str) -> tuple[str, int]:
+    """(one-line message, exit code) for the first failed rank of a launched job (a torch
+    ``ProcessFailure``: ``exitcode``, ``signal_name()``, ``error_file_data``)."""
+    data = getattr(failure, "error_file_data", None)
+    reported = data.get("message") if isinstance(data, dict) else None
+    if failure.exitcode == _USER_ERROR_EXIT and isinstance(reported, str):
+        return (f"rank {rank}: {reported}" if rank else reported), _USER_ERROR_EXIT
+    if failure.exitcode < 0:
+        what = f"rank {rank} was killed by {failure.signal_name()}"
+    else:
+        what = f"rank {rank} exited with code {failure.exitcode} (its traceback, if any, is above)"
+    ckpt = latest_checkpoint(out)
+    hint = (f"; the newest checkpoint is {ckpt.name}: rerun the same command with --resume to continue"
+            if ckpt is not None else "; no checkpoint was written yet")
+    return f"distributed training failed: {what}{hint}", 1
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Run ``dictcheck train`` (minus ``--nproc``) in ``args.nproc`` ranks under torch's elastic launcher."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    nproc = int(args.nproc)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"dictcheck-{uuid.uuid4()}",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ[_LAUNCHED_ENV] = "1"
+    try:
+        with _quiet_launcher_logs():
+            elastic_launch(config, sys.executable)("-m", "proofs_checks.cli", "train", *_worker_argv(args))
+    except ChildFailedError as exc:
+        message, code = _failure_line(*exc.get_first_failure(), args.out)
+        sys.stderr.write(f"dictcheck: error: {message}\n")
+        return code
+    finally:
+        del os.environ[_LAUNCHED_ENV]
     return 0
 
 
@@ -98,6 +255,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--aux-coef", type=float, default=0.0, help="AuxK coefficient for the TopK family (0: off)")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
+    p.add_argument("--log-every", type=int, help="steps between log records (default 100)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N; with several "
+                   "ranks on CUDA each rank uses GPU LOCAL_RANK")
+    p.add_argument("--nproc", type=int, default=1, metavar="P",
+                   help="train with P data-parallel processes (DDP; gloo on CPU, nccl on CUDA); "
+                   "--batch-size is the global batch")
     bsf = p.add_argument_group("block-sparse featurizers (bsf-*)")
     bsf.add_argument("--block-size", type=int, help="block size q (d_sae = n_b·q); --k is the number of active blocks")
     bsf.add_argument("--denoise", type=float, help="input-noise level snr of the denoising objective (default 0.1)")
@@ -110,6 +274,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     bil.add_argument("--k-c", type=int, help="non-zeros per row of C, compound prior (default 8)")
     bil.add_argument("--c-l1", type=float, help="L1 coefficient on C, compound prior (default 0)")
     bil.add_argument("--tile", type=int, help="latent tile size of the kernel term (default 0: untiled)")
+    vas = p.add_argument_group("vocabulary-anchored SAE (vasae; --k is its TopK size)")
+    vas.add_argument("--anchor-coef", type=float, help="λ_anchor of the anchor loss (default 0: a plain TopK SAE)")
+    vas.add_argument("--anchor-every", type=int, help="add the anchor term every M steps (default 1)")
+    vas.add_argument("--anchor-mode", choices=("nearest", "logsumexp", "softmax"), help="anchor mode (default nearest)")
+    vas.add_argument("--anchor-chunk", type=int, help="vocabulary rows per cosine block (default: auto, ≤ 256 MiB)")
+    vas.add_argument("--anchor-source", help="token embeddings W_E: smollm2, tinycoder, a model dir or a (V, D) .npy")
+    vas.add_argument("--tie", choices=("none", "hard"), help="hard: decoder tied to W_E (the baseline)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases (needs the wandb package)")

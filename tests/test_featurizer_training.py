@@ -73,7 +73,7 @@ def test_loop_calls_hooks_and_reports_extra_metrics(tmp_path):
 
 def test_architecture_registry():
     assert set(ARCHS) == set(ARCHITECTURES)
-    assert {family_of(a) for a in ARCHS} == {"sae", "bsf", "bilinear"}
+    assert {family_of(a) for a in ARCHS} == {"sae", "bsf", "bilinear", "vasae"}
     with pytest.raises(ValueError, match="arch must be one of"):
         architecture("gated")
     assert architecture("topk").default_lr(2**14) == pytest.approx(2e-4)

@@ -116,7 +116,15 @@ def test_bad_input() -> None:
         form_gram(a, FactoredForms(np.eye(4)))
     with pytest.raises(ValueError, match="all-zero"):
         subspace_similarity(a.dense(), np.zeros((2, 3, 3)))
-    with pytest.raises(ValueError, match="form 1 of dictionary b is zero"):
-        match_forms(a, FactoredForms(np.array([[1.0, 0, 0], [0, 0, 0]])))
     with pytest.raises(ValueError, match=r"\(d, D, D\)"):
         form_gram(np.ones((2, 3)), np.ones((2, 3)))
+
+
+def test_zero_forms_match_with_cosine_zero_and_are_counted() -> None:
+    a = FactoredForms(np.eye(3))
+    m = match_forms(a, FactoredForms(np.array([[1.0, 0, 0], [0, 0, 0]])))
+    assert (m.n_zero_a, m.n_zero_b) == (0, 1)
+    assert np.all(m.M[:, 1] == 0.0) and m.M[0, 0] == pytest.approx(1.0)
+    assert m.mean_cosine == pytest.approx(0.5) and m.workshop_ratio == pytest.approx(1.0)
+    empty = match_forms(a, FactoredForms(np.zeros((2, 3))))
+    assert empty.mean_cosine == 0.0 and empty.workshop_ratio == 0.0 and empty.n_zero_b == 2

@@ -27,9 +27,11 @@ Decisions (documented; chosen once, not tuned per result):
 * **MDL sweep**: Vanilla BSF (the Grassmannian variant stalls in mixed-subspace minima on planted
   data; see the bsf.mdl_block_dim check), total width n_b·q = 2·n_m·4, and k(q) = k_true·⌈n_max/q⌉,
   the smallest k at which every sample of the benchmark is exactly representable (n_max the largest
-  manifold dimension). Codes are expressed in orthonormal block frames
-  (:func:`empirics.manifold_metrics.orthonormal_codes`) so that δ_z is a length in data units for
-  every q; precisions are the spec defaults and are printed with the table.
+  manifold dimension). L_code uses the model's own codes z as spec §7 defines it (z_absmax = max|z|);
+  because unit-Frobenius blocks make codes grow like √q, the total with the codes re-expressed in
+  orthonormal block frames (:func:`empirics.manifold_metrics.orthonormal_codes`, where δ_z is a length
+  in data units for every q) is reported next to it (``total_orthonormal_codes``). Precisions are the
+  spec defaults and are printed with the table.
 """
 
 from __future__ import annotations
@@ -109,8 +111,9 @@ def train_blocks(prep: Prepared, arch: str, d_sae: int, k: int | None, options: 
                  steps: int, batch_size: int, lr: float, seed: int, log: Any = None) -> TrainedBlocks:
     """Train one model with the project loop (throw-away folder) and encode the evaluation split.
 
-    Block codes are in the model's coordinates; W is divided by the preparation scale so that
-    c_ig = W_g z_ig is in data units, and X_hat is mapped back to data units.
+    The preparation x' = (x − mu)·scale is folded into the codes: z = z_model/scale with the model's
+    own blocks W (unit-Frobenius / orthonormal), which is the model that acts on data units directly,
+    so c_ig = W_g z_ig and X_hat are in data units and the codes are measured in the units of δ_z.
     """
     made: list[Any] = []
 
@@ -133,12 +136,12 @@ def train_blocks(prep: Prepared, arch: str, d_sae: int, k: int | None, options: 
         with torch.no_grad():
             codes = model.encode(X)
             X_hat = model.decode(codes).double().numpy() / prep.scale + prep.mu
-            codes = codes.double().numpy()
+            codes = codes.double().numpy() / prep.scale
             if arch.startswith("bsf-"):
                 Z = codes.reshape(len(X), model.n_b, model.q)
-                W = model.decoder_blocks().double().numpy() / prep.scale
+                W = model.decoder_blocks().double().numpy()
             else:
-                Z, W = sae_blocks(codes, model.W_dec.double().numpy() / prep.scale)
+                Z, W = sae_blocks(codes, model.W_dec.double().numpy())
     finally:
         torch.set_num_threads(threads)
     return TrainedBlocks(Z=Z, W=W, X_hat=X_hat, metrics=dict(result.metrics))
@@ -188,11 +191,15 @@ def recovery_table(bench: ManifoldBenchmark, cache: ModelCache,
 
 
 def mdl_row(bench: ManifoldBenchmark, t: TrainedBlocks, q: int, k: int) -> dict[str, Any]:
-    """MDL (spec §7) of a trained model with codes in orthonormal block frames (Frobenius dof), plus its
-    mean best-block recovery R²."""
-    Zc, _ = orthonormal_codes(t.Z, t.W)
-    r = mdl_bits(bench.eval.X, t.X_hat, Zc, dof_kind="frobenius", k=k, precisions=default_precisions(bench.eval.X))
+    """MDL (spec §7) of a trained model's own codes z (Frobenius dof), the same with the codes in
+    orthonormal block frames (``*_orthonormal_codes``, an alternative), and its mean best-block recovery R²."""
+    precisions = default_precisions(bench.eval.X)
+    r = mdl_bits(bench.eval.X, t.X_hat, t.Z, dof_kind="frobenius", k=k, precisions=precisions)
+    r_ortho = mdl_bits(bench.eval.X, t.X_hat, orthonormal_codes(t.Z, t.W)[0], dof_kind="frobenius", k=k,
+                       precisions=precisions)
     d = r.as_dict()
+    d["total_orthonormal_codes"] = r_ortho.total
+    d["L_code_orthonormal_codes"] = r_ortho.L_code
     d["recovery_mean_best"] = recovery(bench.eval, bench.types, t.Z, t.W).summary()["mean_best"]
     return {"q": q, "k": k, **d}
 
@@ -238,10 +245,12 @@ def _print_tables(result: dict[str, Any]) -> None:
     p = m["precisions"]
     print(f"\nMDL bits per sample, {m['variant']} at total width {m['width']} (spec §7; δ_x = δ_z = "
           f"{p['delta_x']:.3g} = 0.01·σ_x, B_w = {p['B_w']:g}, N_ref = {p['N_ref']})")
-    print(f"{'q':>3}{'n_b':>5}{'k':>4}{'total':>9}{'support':>9}{'code':>9}{'resid':>9}{'dict':>8}{'log2C':>8}{'R²':>7}")
+    print(f"{'q':>3}{'n_b':>5}{'k':>4}{'total':>9}{'support':>9}{'code':>9}{'resid':>9}{'dict':>8}{'log2C':>8}"
+          f"{'R²':>7}{'total (orth. codes)':>21}")
     for r in m["rows"]:
         print(f"{r['q']:>3}{r['n_b']:>5}{r['k']:>4}{r['total']:>9.1f}{r['L_support']:>9.1f}{r['L_code']:>9.1f}"
-              f"{r['L_resid']:>9.1f}{r['L_dict']:>8.1f}{r['L_support_fixed_k']:>8.1f}{r['recovery_mean_best']:>7.3f}")
+              f"{r['L_resid']:>9.1f}{r['L_dict']:>8.1f}{r['L_support_fixed_k']:>8.1f}{r['recovery_mean_best']:>7.3f}"
+              f"{r['total_orthonormal_codes']:>21.1f}")
     print(f"MDL-minimising block size: q = {m['argmin_q']}")
 
 

@@ -239,6 +239,9 @@ def bsf_mdl_block_dim(ctx: CheckContext) -> Outcome:
                                "n_eval": s.data.n_eval, "seed": ctx.seed},
                  "training": {"arch": "bsf-vanilla", "width": MDL_WIDTH, "steps": s.steps, "batch_size": s.batch_size,
                               "lr": s.lr, "k_rule": "k = k_true·⌈n/q⌉ (smallest k that represents every sample)",
-                              "codes": "orthonormal block frames (orthonormal_codes), so δ_z is a length in data units"}},
+                              "codes": "the model's codes z (spec §7); rows also give total_orthonormal_codes, the "
+                                       "total with codes in orthonormal block frames",
+                              "argmin_q_orthonormal_codes": {n: min(rows, key=lambda r: r["total_orthonormal_codes"])["q"]
+                                                             for n, rows in rows_by_n.items()}}},
         figures=[_rel(fig, ctx)],
     )

@@ -45,12 +45,17 @@ What :func:`train` does, per the spec:
   uninterrupted run (same machine, same torch thread count). Resuming with a config or data that
   changes the result raises ValueError; ``resume=False`` on a folder that already holds
   checkpoints raises FileExistsError rather than deleting them.
+* **Several processes** (``torchrun``, ``dictcheck train --nproc P``; :mod:`empirics.distributed`):
+  ``batch_size`` is the global batch, every rank draws the same indices and reads only its
+  contiguous 1/P of them, gradients are averaged by DistributedDataParallel, dead-latent counters
+  and logged means are global, only rank 0 writes the log, checkpoints (which then also hold every
+  rank's RNG state and the world size) and the folder. Resuming needs the same number of ranks.
 * **Output.** The SAE folder itself is ``out_dir`` (:func:`empirics.sae_io.save_sae`: cfg.json,
   sae_weights.safetensors, sparsity.safetensors, metrics.json). ``metadata.dictcheck`` gets seed,
   n_tokens (= steps·batch_size, the training tokens processed), data_hash (sha256 hex of
   ``X``'s C-contiguous bytes) and a ``training`` block (steps, batch_size, lr, aux_coef,
   b_dec_init, k, options (the resolved architecture options, from which
-  :func:`empirics.sae_folder.load_featurizer` rebuilds the model), T_dead, n_data_tokens).
+  :func:`empirics.sae_folder.load_featurizer` rebuilds the model), T_dead, n_data_tokens, world_size).
 * **metrics.json** is computed on the TRAINING data (no held-out split; Decision): a seeded subset of
   ``min(N, eval_tokens)`` rows drawn without replacement. It holds
   :func:`empirics.metrics.reconstruction_metrics` of (x, x̂) when the model reconstructs in input
@@ -86,6 +91,7 @@ import torch
 from empirics.architectures import ARCHITECTURES, architecture
 from empirics.architectures import sae_default_lr as default_lr
 from empirics.atomic_files import atomic_write_bytes
+from empirics.distributed import World, current_world, ddp_inexactness, rank_seed
 from empirics.featurizer import Featurizer
 from empirics.metrics import reconstruction_metrics
 from empirics.sae_io import SaeConfig, save_sae
@@ -440,6 +446,37 @@ def _truncate_log(log_path: Path, upto_step: int) -> None:
     _atomic_write_text(log_path, "".join(s + "\n" for s in kept))
 
 
+_LOGGED_MEANS = ("loss", "mse", "sparsity_loss", "aux_loss", "l0")
+
+
+def _batch_means(res: Any, world: World) -> dict[str, float]:
+    """The logged batch means of one step, averaged over the ranks (each rank's batch has B/P rows)."""
+    if world.size == 1:
+        return {name: float(getattr(res, name).detach()) for name in _LOGGED_MEANS}
+    local = torch.stack([getattr(res, name).detach().to(torch.float64) for name in _LOGGED_MEANS])
+    return dict(zip(_LOGGED_MEANS, world.mean(local).tolist()))
+
+
+def _resume_checkpoint(ckpt_dir: Path, world: World) -> dict[str, Any] | None:
+    """The newest readable checkpoint (None if there is none); rank 0 chooses it and the other ranks
+    load the same file."""
+    ck: dict[str, Any] | None = None
+    chosen: Path | None = None
+    if world.is_main:
+        for _, path in reversed(_checkpoints(ckpt_dir)):
+            ck = _load_checkpoint(path)
+            if ck is not None:
+                chosen = path
+                break
+    chosen = world.broadcast(chosen)
+    if world.is_main or chosen is None:
+        return ck
+    ck = _load_checkpoint(chosen)
+    if ck is None:
+        raise ValueError(f"checkpoint {chosen} is not readable by rank {world.rank}")
+    return ck
+
+
 # ---------------------------------------------------------------------------------------------
 # train
 
@@ -506,6 +543,7 @@ def train(
     progress: bool | None = None,
     on_step: Callable[[int], None] | None = None,
     model_factory: Callable[..., Any] | None = None,
+    world: World | None = None,
 ) -> TrainResult:
     """Train a featurizer on ``X`` and save it in ``out_dir``.
 
@@ -517,33 +555,46 @@ def train(
     completed step (1-based; after any checkpoint of that step), e.g. for external monitoring.
     ``model_factory`` replaces the architecture's ``build`` (:mod:`empirics.architectures`; same
     signature as :func:`empirics.sae_models.make_sae`, plus the architecture options as keywords).
-    Raises ValueError for a bad config or data, FileExistsError when ``resume`` is False and
-    ``out_dir`` already holds checkpoints, FloatingPointError on a non-finite loss.
+    ``world`` (default: :func:`empirics.distributed.current_world`, i.e. the torchrun process group
+    when one is initialised) makes this one of ``world.size`` data-parallel ranks: ``batch_size`` is
+    the global batch, each rank trains on its 1/size of it, and only rank 0 writes files
+    (:mod:`empirics.distributed`). Every rank returns the same result.
+    Raises ValueError for a bad config or data (also a batch_size not divisible by the number of
+    ranks, or resuming a checkpoint written by another number of ranks), FileExistsError when
+    ``resume`` is False and ``out_dir`` already holds checkpoints, FloatingPointError on a
+    non-finite loss.
     """
     cfg.validate()
+    world = current_world() if world is None else world
     dtype = _DTYPES[cfg.dtype]
     Xt = _Rows(X, dtype)
     N, d_in = Xt.shape
     dhash = Xt.hash
     device = cfg.resolved_device()
+    if world.size > 1 and device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
     B, steps = int(cfg.batch_size), int(cfg.steps)
+    if B % world.size:
+        raise ValueError(f"TrainConfig: batch_size {B} must be divisible by the number of ranks {world.size} "
+                         "(batch_size is the global batch)")
     T_dead = t_dead(steps, B)
 
     out = Path(out_dir)
     ckpt_dir = out / CHECKPOINT_DIR
     log_path = out / LOG_FILE
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ckpt_dir.glob(".ckpt_*.tmp"):  # left by a kill during a checkpoint write
-        with contextlib.suppress(OSError):
-            stale.unlink()
+    if world.is_main:
+        for stale in ckpt_dir.glob(".ckpt_*.tmp"):  # left by a kill during a checkpoint write
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
     ck: dict[str, Any] | None = None
     if resume:
-        for _, path in reversed(_checkpoints(ckpt_dir)):
-            ck = _load_checkpoint(path)
-            if ck is not None:
-                break
+        ck = _resume_checkpoint(ckpt_dir, world)
         if ck is not None:
+            if ck.get("world_size", 1) != world.size:
+                raise ValueError(f"cannot resume {out}: its checkpoint was written by {ck.get('world_size', 1)} "
+                                 f"rank(s), this run has {world.size}; resume with the same number of ranks")
             if ck["config"] != cfg.result_fields():
                 diff = {k: (ck["config"].get(k), v) for k, v in cfg.result_fields().items() if ck["config"].get(k) != v}
                 raise ValueError(f"cannot resume {out}: config differs from the checkpoint's (checkpoint, now): {diff}")
@@ -564,22 +615,34 @@ def train(
         if ck is None:
             with torch.no_grad():
                 model.project_parameters_()
-            torch.manual_seed(cfg.seed)  # any randomness inside forward()
-            if log_path.exists():
+            torch.manual_seed(rank_seed(cfg.seed, world.rank))  # any randomness inside forward()
+            if world.is_main and log_path.exists():
                 log_path.unlink()
         else:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optimizer"])
             gen.set_state(ck["batch_rng"])
-            torch.set_rng_state(ck["torch_rng"])
-            if device.type == "cuda" and ck.get("cuda_rng") is not None:
-                torch.cuda.set_rng_state(ck["cuda_rng"], device)
+            torch.set_rng_state(ck["rank_rng"][world.rank] if world.size > 1 else ck["torch_rng"])
+            cuda_rng = ck.get("rank_cuda_rng" if world.size > 1 else "cuda_rng")
+            if device.type == "cuda" and cuda_rng is not None:
+                torch.cuda.set_rng_state(cuda_rng[world.rank] if world.size > 1 else cuda_rng, device)
             since_fired = ck["since_fired"].to(device)
             start = int(ck["step"])
-            _truncate_log(log_path, start)
+            if world.is_main:
+                _truncate_log(log_path, start)
         resumed_from = start if ck is not None else None
+        net = world.wrap(model)
+        note = ddp_inexactness(cfg.arch, cfg.resolved_options(), float(cfg.aux_coef)) if world.size > 1 else None
+        if note is not None and world.is_main:
+            print(f"[dictcheck.train] note: {world.size} ranks are not exactly one process with batch {B}: {note}",
+                  file=sys.stderr, flush=True)
 
         def checkpoint(step: int) -> Path:
+            path = ckpt_dir / f"ckpt_{step:08d}.pt"
+            rank_rng = world.gather(torch.get_rng_state())  # a collective: every rank takes part
+            rank_cuda_rng = world.gather(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
+            if not world.is_main:
+                return path
             state = {
                 "format": _CKPT_FORMAT,
                 "step": step,
@@ -587,36 +650,38 @@ def train(
                 "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
                 "optimizer": _to_cpu(opt.state_dict()),
                 "batch_rng": gen.get_state(),
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "torch_rng": rank_rng[0],
+                "cuda_rng": rank_cuda_rng[0] if rank_cuda_rng is not None else None,
                 "since_fired": since_fired.detach().cpu().clone(),
                 "config": cfg.result_fields(),
                 "data_hash": dhash,
                 "d_in": d_in,
+                "world_size": world.size,
+                "rank_rng": rank_rng,
+                "rank_cuda_rng": rank_cuda_rng,
             }
-            path = ckpt_dir / f"ckpt_{step:08d}.pt"
             _atomic_torch_save(state, path)
             for _, old in _checkpoints(ckpt_dir)[: -cfg.keep_checkpoints]:
                 with contextlib.suppress(OSError):
                     old.unlink()
             return path
 
-        bar = _Progress(progress, steps * B, start * B)
-        wandb_run = _wandb_run(cfg, out)
+        bar = _Progress(progress if world.is_main else False, steps * B, start * B)
+        wandb_run = _wandb_run(cfg, out) if world.is_main else None
         t0 = time.perf_counter()
         final_loss = float("nan")
         last_ckpt = ckpt_dir / f"ckpt_{start:08d}.pt"
         try:
-            with log_path.open("a", encoding="utf-8") as log:
+            with log_path.open("a", encoding="utf-8") if world.is_main else contextlib.nullcontext() as log:
                 for step in range(start, steps):
                     idx = torch.randint(N, (B,), generator=gen)
-                    xb = Xt[idx].to(device, non_blocking=False)
+                    xb = Xt[world.shard(idx)].to(device, non_blocking=False)
                     lr_t = float(cfg.lr) * lr_schedule(step, steps)
                     for group in opt.param_groups:
                         group["lr"] = lr_t
                     dead = since_fired >= T_dead
                     model.set_step(step)
-                    res = model(xb, dead_mask=dead if cfg.aux_coef > 0 else None)
+                    res = net(xb, dead_mask=dead if cfg.aux_coef > 0 else None)
                     opt.zero_grad(set_to_none=True)
                     res.loss.backward()
                     model.project_gradients_()
@@ -625,12 +690,13 @@ def train(
                     with torch.no_grad():
                         model.project_parameters_()
                     with torch.no_grad():
-                        fired = (res.codes != 0).reshape(-1, cfg.d_sae).any(dim=0)
+                        fired = world.any((res.codes != 0).reshape(-1, cfg.d_sae).any(dim=0))
                         since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + B)
                     done = step + 1
                     bar.update(B)
                     if done % cfg.log_every == 0 or done == steps:
-                        loss_v = float(res.loss.detach())
+                        means = _batch_means(res, world)
+                        loss_v = means["loss"]
                         if not math.isfinite(loss_v):
                             raise FloatingPointError(f"non-finite loss {loss_v} at step {done}")
                         final_loss = loss_v
@@ -638,23 +704,21 @@ def train(
                             "step": done,
                             "tokens": done * B,
                             "lr": lr_t,
-                            "loss": loss_v,
-                            "mse": float(res.mse.detach()),
-                            "sparsity_loss": float(res.sparsity_loss.detach()),
-                            "aux_loss": float(res.aux_loss.detach()),
-                            "l0": float(res.l0.detach()),
+                            **means,
                             "dead_frac_train": float((since_fired >= T_dead).double().mean()),
                             "grad_norm": float(grad_norm),
                             "elapsed_s": round(time.perf_counter() - t0, 3),
                         }
-                        log.write(json.dumps({k: _finite_or_none(v) for k, v in rec.items()}) + "\n")
-                        log.flush()
-                        bar.report(rec, steps)
+                        if log is not None:
+                            log.write(json.dumps({k: _finite_or_none(v) for k, v in rec.items()}) + "\n")
+                            log.flush()
+                            bar.report(rec, steps)
                         if wandb_run is not None:
                             wandb_run.log(rec, step=done)
                     if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == steps:
-                        log.flush()
-                        os.fsync(log.fileno())
+                        if log is not None:
+                            log.flush()
+                            os.fsync(log.fileno())
                         last_ckpt = checkpoint(done)
                     if on_step is not None:
                         on_step(done)
@@ -664,13 +728,16 @@ def train(
                 wandb_run.finish()
         if start == steps:  # resumed from the final checkpoint: only the save was missing
             last_ckpt = ckpt_dir / f"ckpt_{steps:08d}.pt"
-            with contextlib.suppress(OSError, json.JSONDecodeError, IndexError):
-                lines = log_path.read_text(encoding="utf-8").splitlines()
-                final_loss = float(json.loads(lines[-1])["loss"])
+            if world.is_main:
+                with contextlib.suppress(OSError, json.JSONDecodeError, IndexError):
+                    lines = log_path.read_text(encoding="utf-8").splitlines()
+                    final_loss = float(json.loads(lines[-1])["loss"])
 
         dead_frac_train = float((since_fired >= T_dead).double().mean())
         model.eval()
-        metrics, sparsity = _evaluate(model, Xt, cfg, device)
+        # Evaluation and the save are rank 0's; the broadcast also keeps the others until it is done.
+        metrics, sparsity = _evaluate(model, Xt, cfg, device) if world.is_main else ({}, None)
+    metrics, final_loss = world.broadcast((metrics, final_loss) if world.is_main else None)
     metrics.update(
         dead_frac_train=dead_frac_train,
         eval_split="train",
@@ -708,8 +775,11 @@ def train(
         "T_dead": T_dead,
         "n_data_tokens": N,
         "data_hash_kind": "sha256 of X bytes",
+        "world_size": world.size,
     }
-    save_sae(out, weights, sae_cfg, sparsity=sparsity, metrics=metrics)
+    if world.is_main:
+        save_sae(out, weights, sae_cfg, sparsity=sparsity, metrics=metrics)
+    world.broadcast(None)  # no rank returns before the folder is complete
     return TrainResult(
         out_dir=out,
         weights=weights,

@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -112,11 +113,17 @@ def _fault_injection(rank: int) -> Callable[[int], None] | None:
     return on_step if rank == target_rank else None
 
 
-def _report_worker_error(world_size: int, rank: int, message: str) -> int:
-    """A worker's user error: into torchrun's error file, and on stderr unless ``--nproc`` launched it."""
+def _record_worker_error(message: str, trace: str | None = None) -> None:
+    """Write a worker's failure to torchrun's error file (``ProcessFailure`` reads ``message`` and
+    ``timestamp``; ``traceback`` is ours)."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        Path(error_file).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+        Path(error_file).write_text(json.dumps({"message": message, "timestamp": int(time.time()), "traceback": trace}))
+
+
+def _report_worker_error(world_size: int, rank: int, message: str) -> int:
+    """A worker's user error: into torchrun's error file, and on stderr unless ``--nproc`` launched it."""
+    _record_worker_error(message)
     if os.environ.get(_LAUNCHED_ENV) != "1":
         sys.stderr.write(f"dictcheck: error: [rank {rank}/{world_size}] {message}\n")
     return _USER_ERROR_EXIT
@@ -145,6 +152,12 @@ def run_train(args: argparse.Namespace) -> int:
         return _report_worker_error(world_size, rank, str(exc))
     except (ValueError, FileExistsError) as exc:
         return _report_worker_error(world_size, rank, str(exc).splitlines()[0])
+    except Exception as exc:  # a crash, or a peer lost: the launcher reports it, not a traceback per rank
+        if os.environ.get(_LAUNCHED_ENV) != "1":
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        _record_worker_error(f"{type(exc).__name__}: {first}", traceback.format_exc())
+        return 1
 
 
 def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None = None) -> int:
@@ -200,17 +213,47 @@ def _quiet_launcher_logs() -> Iterator[None]:
             lg.propagate, lg.handlers = propagate, handlers
 
 
-def _failure_line(rank: int, failure: Any, out: str) -> tuple[str, int]:
-    """(one-line message, exit code) for the first failed rank of a launched job (a torch
-    ``ProcessFailure``: ``exitcode``, ``signal_name()``, ``error_file_data``)."""
+def _recorded(failure: Any, key: str) -> str | None:
+    """A string field of what the failed worker wrote to its error file (None when absent)."""
     data = getattr(failure, "error_file_data", None)
-    reported = data.get("message") if isinstance(data, dict) else None
-    if failure.exitcode == _USER_ERROR_EXIT and isinstance(reported, str):
-        return (f"rank {rank}: {reported}" if rank else reported), _USER_ERROR_EXIT
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The failure that explains the others: a user error, else a rank killed by a signal other than
+    SIGTERM, else a crash, else a rank the launcher terminated (SIGTERM); the earliest within a kind.
+    (When one rank dies its peers fail too, e.g. "connection reset" in a collective, or are terminated.)"""
+    def rank_key(item: tuple[int, Any]) -> tuple[int, float, int]:
+        rank, f = item
+        if f.exitcode == _USER_ERROR_EXIT and _recorded(f, "message"):
+            kind = 0
+        elif f.exitcode < 0:
+            kind = 3 if -f.exitcode == signal.SIGTERM else 1
+        else:
+            kind = 2
+        return kind, f.timestamp, rank
+
+    return min(failures.items(), key=rank_key)
+
+
+def _failure_line(rank: int, failure: Any, out: str) -> tuple[str, int]:
+    """(one-line message, exit code) for the root failure of a launched job (a torch
+    ``ProcessFailure``: ``exitcode``, ``signal_name()``, ``error_file_data``). A recorded traceback
+    is saved as ``out/rank<r>_traceback.txt``."""
+    message = _recorded(failure, "message")
+    if failure.exitcode == _USER_ERROR_EXIT and message is not None:
+        return (f"rank {rank}: {message}" if rank else message), _USER_ERROR_EXIT
     if failure.exitcode < 0:
         what = f"rank {rank} was killed by {failure.signal_name()}"
     else:
-        what = f"rank {rank} exited with code {failure.exitcode} (its traceback, if any, is above)"
+        what = f"rank {rank} exited with code {failure.exitcode}"
+        trace = _recorded(failure, "traceback")
+        if trace is not None:
+            saved = Path(out) / f"rank{rank}_traceback.txt"
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(trace)
+            what += f" ({message}; traceback in {saved})"
     ckpt = latest_checkpoint(out)
     hint = (f"; the newest checkpoint is {ckpt.name}: rerun the same command with --resume to continue"
             if ckpt is not None else "; no checkpoint was written yet")
@@ -231,7 +274,7 @@ def _launch(args: argparse.Namespace) -> int:
         with _quiet_launcher_logs():
             elastic_launch(config, sys.executable)("-m", "proofs_checks.cli", "train", *_worker_argv(args))
     except ChildFailedError as exc:
-        message, code = _failure_line(*exc.get_first_failure(), args.out)
+        message, code = _failure_line(*_root_failure(exc.failures), args.out)
         sys.stderr.write(f"dictcheck: error: {message}\n")
         return code
     finally:

@@ -124,7 +124,7 @@ def test_anchor_only_in_training_every_m_steps_and_when_coef_positive() -> None:
         m.set_step(t)
         out = m(x)
         if t % 3 == 0:
-            assert float(out.aux_loss) == pytest.approx(expected, rel=1e-13)
+            assert float(out.aux_loss.detach()) == pytest.approx(expected, rel=1e-13)
             assert float(out.loss) == pytest.approx(float(out.mse) + expected, rel=1e-13)
         else:
             assert float(out.aux_loss) == 0.0 and float(out.loss) == float(out.mse)

@@ -162,7 +162,7 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
             closed = lifted_loss_gradients(Xn, dic)
             rows.append({
                 "arch": arch, "decoder": decoder, "N": N, "D": D, "d_sae": d, "options": options,
-                "loss_model_vs_naive": abs(float(out.mse) - naive) / abs(naive),
+                "loss_model_vs_naive": abs(float(out.mse.detach()) - naive) / abs(naive),
                 "loss_theory_kernel_vs_naive": abs(kernel_lifted_loss(Xn, dic, tile=options["tile"]) - naive) / abs(naive),
                 "grad_model_vs_naive": max(_rel_err(g_kernel[n], g_naive[n]) for n in g_naive),
                 "grad_closed_form_vs_naive": max(_rel_err(closed[n], g_naive[n]) for n in g_naive),

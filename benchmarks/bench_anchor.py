@@ -76,17 +76,17 @@ def _run(variant: str, d_z: int, repeats: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--sizes", type=int, nargs="+", help="d_z values (default 256 1024 2048)")
+    p.add_argument("--sizes", type=int, nargs="+", help="d_z values (default 256 1024 2048 4096)")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.child:
         print(json.dumps(_child(args.child[0], int(args.child[1]), int(args.child[2]))))
         return
-    sizes = args.sizes or ((256,) if args.quick else (256, 1024, 2048))
+    sizes = args.sizes or ((256,) if args.quick else (256, 1024, 2048, 4096))
     print(f"Anchor loss per step (forward + backward), V = {V}, D = {D}, float32, 1 thread\n")
     print("| d_z | naive time (s) | chunked time (s) | time ratio naive/chunked | naive extra MiB | chunked extra MiB | memory ratio |")
     print("|---|---|---|---|---|---|---|")

@@ -1,5 +1,6 @@
 """Run every benchmark (``make bench``): medians, DNN relaxation vs closed form, exact lasso codes,
-the bilinear kernel-trick loss vs the naive lifted loss, LM activation extraction throughput.
+the bilinear kernel-trick loss vs the naive lifted loss, LM activation extraction throughput, the
+VASAE anchor loss (chunked vs naive), data-parallel training (1 vs 2 gloo ranks).
 
     .venv/bin/python benchmarks/run_all.py [--quick]
 
@@ -17,7 +18,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_activations  # noqa: E402
+import bench_anchor  # noqa: E402
 import bench_bilinear  # noqa: E402
+import bench_ddp  # noqa: E402
 import bench_dnn  # noqa: E402
 import bench_lasso_codes  # noqa: E402
 import bench_medians  # noqa: E402
@@ -28,4 +31,6 @@ if __name__ == "__main__":
     bench_dnn.main(quick)
     bench_lasso_codes.main(["--n", "2000", "--skip-large"] if quick else [])
     bench_bilinear.main(quick)
-    bench_activations.main(["--quick"] if quick else [])
+    bench_activations.main(quick)
+    bench_anchor.main(quick)
+    bench_ddp.main(quick)

@@ -12,7 +12,7 @@ cost does not depend on the values).
 * naive: the full (d_z × V) cosine matrix with autograd, L = −mean_d max_v C_dv (the authors' max
   without chunking; its backward multiplies the dense (d_z × V) gradient by Ê: 2·d_z·V·D FLOPs more);
 * chunked: :func:`empirics.vasae_models.anchor_loss`, argmax chunk-wise under no-grad (chunk =
-  the ≤ 256 MiB default) and the gathered cosine, backward O(d_z·D).
+  the ≤ 256 MB default) and the gathered cosine, backward O(d_z·D).
 
 Time: wall, the minimum of ``--repeats`` steps after one warm-up step (the minimum, because the
 machine is shared and contention only adds time). Peak memory: each variant runs in

@@ -77,8 +77,9 @@ ANCHOR_MODES = ("nearest", "logsumexp", "softmax")
 #: Number of top cosines the soft modes use (the authors' code).
 ANCHOR_TOPK = 10
 TIES = ("none", "hard")
-#: Decision (§3): the default chunk keeps one [chunk × V] cosine block ≤ 256 MiB.
-CHUNK_BYTES = 2**28
+#: Decision (§3): the default chunk keeps one [chunk × V] cosine block ≤ 256 MB (decimal, as the
+#: spec's "2048 × 49152 ≈ 0.40 GB").
+CHUNK_BYTES = 256 * 10**6
 _NORM_EPS = 1e-8
 _SAVE_NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")
 _DEFAULTS: dict[str, Any] = {
@@ -107,14 +108,15 @@ def default_chunk(n_vocab: int, itemsize: int) -> int:
 def top_tokens(W: Tensor, E: Tensor, n: int = 1, chunk: int | None = None) -> tuple[Tensor, Tensor]:
     """Top-``n`` cosines and token ids per row of ``W`` (d_z, D) against the rows of ``E`` (V, D).
 
-    Computed chunk-wise (``chunk`` rows of W per block; default :func:`default_chunk`), both sides
-    L2-normalised. Returns (cos (d_z, n) descending, ids (d_z, n) int64).
+    Computed chunk-wise (``chunk`` rows of W per block; default :func:`default_chunk` for blocks in
+    W's dtype, to which E is cast), both sides L2-normalised. Returns (cos (d_z, n) descending,
+    ids (d_z, n) int64).
     """
     if W.dim() != 2 or E.dim() != 2 or W.shape[1] != E.shape[1]:
         raise ValueError(f"need W (d_z, D) and E (V, D) with the same D, got {list(W.shape)} and {list(E.shape)}")
     if not 1 <= n <= E.shape[0]:
         raise ValueError(f"n must be in [1, V={E.shape[0]}], got {n}")
-    chunk = default_chunk(E.shape[0], E.element_size()) if chunk is None else int(chunk)
+    chunk = default_chunk(E.shape[0], W.element_size()) if chunk is None else int(chunk)
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     E_hat = _unit_rows(E.to(W.dtype))
@@ -282,12 +284,14 @@ class VocabAnchoredSAE(Featurizer):
             p.copy_(t.to(p.device, p.dtype))
 
     def arch_fields(self) -> dict[str, Any]:
-        """``metadata.dictcheck.vasae`` (§9): anchor settings, decoder mode, vocab policy, W_E source + hash."""
+        """``metadata.dictcheck.vasae`` (§9): anchor settings, decoder mode, vocab policy, W_E source + hash.
+
+        ``anchor_topk`` is always 10 as in §9 and the authors' config; only the soft modes use it."""
         E = self._embedding_np
         return {
             "anchor_coeff": self.anchor_coef,
             "anchor_mode": self.anchor_mode,
-            "anchor_topk": 1 if self.anchor_mode == "nearest" else ANCHOR_TOPK,
+            "anchor_topk": ANCHOR_TOPK,
             "anchor_every": self.anchor_every,
             "anchor_chunk": self.anchor_chunk,
             "refresh_interval": 1,
@@ -319,7 +323,7 @@ def resolve_options(arch: str, d_sae: int, k: int | None, lam: float | None, opt
 
     Options (JSON values): ``anchor_coef`` λ_anchor ≥ 0 (default 0 = the plain SAE), ``anchor_every``
     M ≥ 1 (1), ``anchor_mode`` in :data:`ANCHOR_MODES` ("nearest"), ``anchor_chunk`` int ≥ 1 or None
-    (auto: ≤ 256 MiB per block), ``anchor_source`` (str or None; required when λ_anchor > 0 or
+    (auto: ≤ 256 MB per block), ``anchor_source`` (str or None; required when λ_anchor > 0 or
     tie = "hard", unless ``embedding_given``: the caller passes W_E itself), ``tie`` in :data:`TIES`
     ("none"), ``vocab_ids`` (None, or d_sae distinct token ids; hard tie only). Raises ValueError (one line).
     """

@@ -321,7 +321,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     vas.add_argument("--anchor-coef", type=float, help="λ_anchor of the anchor loss (default 0: a plain TopK SAE)")
     vas.add_argument("--anchor-every", type=int, help="add the anchor term every M steps (default 1)")
     vas.add_argument("--anchor-mode", choices=("nearest", "logsumexp", "softmax"), help="anchor mode (default nearest)")
-    vas.add_argument("--anchor-chunk", type=int, help="vocabulary rows per cosine block (default: auto, ≤ 256 MiB)")
+    vas.add_argument("--anchor-chunk", type=int, help="vocabulary rows per cosine block (default: auto, ≤ 256 MB)")
     vas.add_argument("--anchor-source", help="token embeddings W_E: smollm2, tinycoder, a model dir or a (V, D) .npy")
     vas.add_argument("--tie", choices=("none", "hard"), help="hard: decoder tied to W_E (the baseline)")
     p.add_argument("--out", required=True, metavar="DIR")

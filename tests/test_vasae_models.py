@@ -92,9 +92,22 @@ def test_zero_column_gives_no_nan() -> None:
     assert float(loss.detach()) == 0.0 and bool(torch.isfinite(W.grad).all())
 
 
-def test_default_chunk_keeps_block_under_256_mib() -> None:
+def test_default_chunk_keeps_block_under_256_mb() -> None:
+    """§3: one [chunk × n_vocab] block ≤ 256 MB, decimal as in the spec's "2048 × 49152 ≈ 0.40 GB"."""
     c = default_chunk(49152, 4)
-    assert c * 49152 * 4 <= 2**28 < (c + 1) * 49152 * 4
+    assert c * 49152 * 4 <= 256 * 10**6 < (c + 1) * 49152 * 4
+
+
+def test_chunk_budget_uses_the_dtype_of_the_cosine_block(monkeypatch) -> None:
+    """The block W_hat @ E_hatᵀ is in W's dtype (E is cast to it), so a float64 W against a float32 E
+    must be chunked by 8-byte entries, else the block is twice the §3 budget."""
+    import empirics.vasae_models as vm
+
+    seen: list[int] = []
+    real = vm.default_chunk
+    monkeypatch.setattr(vm, "default_chunk", lambda n_vocab, itemsize: seen.append(itemsize) or real(n_vocab, itemsize))
+    vm.top_tokens(_rand(0, 3, 4), _rand(1, 9, 4).float(), 2)
+    assert seen == [8]
 
 
 def _model(E: np.ndarray, **kw) -> torch.nn.Module:
@@ -218,6 +231,7 @@ def test_build_from_npy_source_and_round_trip(tmp_path) -> None:
     fields = m.arch_fields()
     assert fields["embedding_source"] == path and fields["embedding_sha256"] == embedding_sha256(E)
     assert fields["decoder_mode"] == "learnable" and fields["embedding_shape"] == [30, 4]
+    assert fields["anchor_mode"] == "nearest" and fields["anchor_topk"] == 10  # §9: anchor_topk (10), any mode
     m2 = build("vasae", 4, 8, k=2, seed=2, **opts)
     m2.load_state_weights(m.state_weights())
     x = torch.randn(5, 4)

@@ -69,3 +69,23 @@ def test_bad_input_exit_2_one_line(argv, capsys):
     assert _run(["bench-manifolds", "--quick", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dictcheck: error:") and err.count("\n") == 1
+
+
+def test_restart_protocol_candidates_and_choice():
+    from dataclasses import replace
+
+    from proofs_checks.cmd_bench_manifolds import train_best
+
+    s = replace(QUICK, restarts=3, lrs=(1e-3, 1e-2))
+    assert s.candidates(1) == [(3, 1e-3), (3, 1e-2), (4, 1e-3), (4, 1e-2), (5, 1e-3), (5, 1e-2)]
+    assert replace(QUICK, restarts=1).candidates(7) == [(7, QUICK.lr)]
+    with pytest.raises(ValueError, match="restarts"):
+        replace(QUICK, restarts=0)
+    with pytest.raises(ValueError, match="learning rates"):
+        replace(QUICK, lrs=(0.0,))
+    bench = make_manifold_benchmark(QUICK.data, seed=0)
+    two = replace(QUICK, restarts=2, steps=10)
+    best = train_best(prepare(bench), "bsf-vanilla", 24, 3, {"block_size": 4}, two, seed=0)
+    objectives = [c["train_objective"] for c in best.metrics["candidates"]]
+    assert len(objectives) == 2 and best.metrics["chosen"] == int(np.argmin(objectives))
+    assert best.metrics["train_objective"] == min(objectives)

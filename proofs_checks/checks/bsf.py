@@ -7,7 +7,8 @@
   :data:`proofs_checks.cmd_bench_manifolds.DEFAULT`, except that the slow q = 1 baseline is left to
   ``dictcheck bench-manifolds``).
 * ``bsf.mdl_block_dim`` (full suite): §7 MDL of Vanilla BSFs over block sizes on benchmarks with a
-  single planted linear dimension n ∈ {2, 3, 4}.
+  single planted linear dimension n ∈ {2, 3, 4}. Every (n, q) model is the best of
+  :data:`MDL_RESTARTS` model seeds × :data:`MDL_LRS` by training objective (one protocol for every q).
 
 Training settings are fixed once (stated in the details), never tuned until a prediction holds: when
 a prediction fails, ``passed`` is False and ``finding`` says what was seen.
@@ -54,8 +55,19 @@ RECOVERY_MODELS = ("bsf-vanilla", "bsf-grassmann", "bsf-grouplasso", "sae-topk")
 #: bsf.mdl_block_dim: planted type per linear dimension, and the reduced benchmark it runs on.
 PLANTED = {2: "circle", 3: "sphere", 4: "torus"}
 MDL_N_MANIFOLDS = 6
+#: Training protocol of bsf.mdl_block_dim, the same for every n and q (decided on training loss alone,
+#: data seed 0): with one run per model, the q = n models (q = 3 spheres, q = 4 tori) stalled in minima
+#: that mix manifolds across blocks in 3 of 6 and 4 of 6 model seeds; 3000 steps did not free a stalled
+#: run, other seeds did, and lr 1e-3 was slower everywhere. q = 1 converged slowly at lr 3e-3 (training
+#: MSE still falling 3–10× between 800 and 3000 steps) and much faster at lr 1e-2. So each model is
+#: trained for every (seed, lr) of MDL_RESTARTS seeds × MDL_LRS and the run with the lowest training
+#: objective (clean MSE on the training split) is kept. Known limits, from the time budget (~3 min; 36
+#: runs per n): 800 steps is not yet q = 1's plateau for the tori (MSE 0.0013–0.0027, 0.0011 at 2400
+#: steps), and 3 seeds do not always contain a run that escapes the mixed minima (details list every run).
+MDL_RESTARTS = 3
+MDL_LRS = (3e-3, 1e-2)
 MDL_SETTINGS = BenchSettings(data=planted_config("circle", MDL_N_MANIFOLDS, D=32, n_train=8000, n_eval=2000),
-                             steps=800, batch_size=512)
+                             steps=800, batch_size=512, restarts=MDL_RESTARTS, lrs=MDL_LRS)
 MDL_WIDTH = 48  # n_b·q, divisible by every q of MDL_BLOCK_SIZES
 
 
@@ -201,7 +213,9 @@ def bsf_mdl_block_dim(ctx: CheckContext) -> Outcome:
         rows = []
         for q in MDL_BLOCK_SIZES:
             k = bench.config.k_true * math.ceil(n / q)
-            rows.append(mdl_row(bench, cache.get("bsf-vanilla", MDL_WIDTH, k, {"block_size": q}), q, k))
+            t = cache.get("bsf-vanilla", MDL_WIDTH, k, {"block_size": q})
+            rows.append({**mdl_row(bench, t, q, k), "train_objective": t.metrics["train_objective"],
+                         "candidates": t.metrics["candidates"], "chosen": t.metrics["chosen"]})
         rows_by_n[n] = rows
         curves[f"{kind} (n = {n})"] = rows
         argmins[n] = min(rows, key=lambda r: r["total"])["q"]
@@ -209,7 +223,8 @@ def bsf_mdl_block_dim(ctx: CheckContext) -> Outcome:
                          f"Vanilla BSF, width {MDL_WIDTH}, planted manifolds: MDL against block size (ringed: minimum)")
     table = {n: {r["q"]: {"total": round(r["total"], 1), "support": round(r["L_support"], 1),
                           "code": round(r["L_code"], 1), "resid": round(r["L_resid"], 1), "dict": round(r["L_dict"], 1),
-                          "recovery": round(r["recovery_mean_best"], 3)} for r in rows}
+                          "recovery": round(r["recovery_mean_best"], 3), "train_mse": float(f"{r['train_objective']:.3g}")}
+                 for r in rows}
              for n, rows in rows_by_n.items()}
     wrong = {n: q for n, q in argmins.items() if q != n}
     prec = rows_by_n[2][0]["precisions"]
@@ -219,14 +234,8 @@ def bsf_mdl_block_dim(ctx: CheckContext) -> Outcome:
                                - math.log2(rows[0]["precisions"]["delta_x"])) for n, rows in rows_by_n.items()}
     finding = None
     if wrong:
-        at_n = {n: next(r for r in rows_by_n[n] if r["q"] == n) for n in wrong}
         finding = "MDL minimiser differs from the planted dimension for " + "; ".join(
-            f"n = {n}: q* = {q} (total {min(r['total'] for r in rows_by_n[n]):.1f} bits vs {at_n[n]['total']:.1f} at "
-            f"q = n, whose residual costs {at_n[n]['L_resid']:.1f} bits against {floor[n]:.1f} at the noise floor and "
-            f"whose recovery R² is {at_n[n]['recovery_mean_best']:.3f})" for n, q in wrong.items()) + (
-            ". The q = n models did not reach the noise floor: training stalled in minima that mix manifolds across "
-            "blocks, while q = 1 (signed lines) trains to the floor; the comparison then measures optimisation, "
-            "not the prior.")
+            _mdl_miss(n, q, rows_by_n[n], floor[n]) for n, q in wrong.items()) + "."
     return Outcome(
         measured={"argmin_q": argmins, "table": table},
         tolerance="exact argmin",
@@ -238,10 +247,28 @@ def bsf_mdl_block_dim(ctx: CheckContext) -> Outcome:
                  "benchmark": {"D": s.data.D, "n_manifolds": MDL_N_MANIFOLDS, "k_true": 3, "n_train": s.data.n_train,
                                "n_eval": s.data.n_eval, "seed": ctx.seed},
                  "training": {"arch": "bsf-vanilla", "width": MDL_WIDTH, "steps": s.steps, "batch_size": s.batch_size,
-                              "lr": s.lr, "k_rule": "k = k_true·⌈n/q⌉ (smallest k that represents every sample)",
+                              "protocol": f"every (model seed, lr) of {s.restarts} seeds (seed·{s.restarts} + r) × lr "
+                                          f"{list(s.lrs)}; keep the run of lowest training objective (clean MSE on "
+                                          "the training split, eval mode); each row lists every run ('candidates') "
+                                          "and the kept one ('chosen')",
+                              "k_rule": "k = k_true·⌈n/q⌉ (smallest k that represents every sample)",
                               "codes": "the model's codes z (spec §7); rows also give total_orthonormal_codes, the "
                                        "total with codes in orthonormal block frames",
                               "argmin_q_orthonormal_codes": {n: min(rows, key=lambda r: r["total_orthonormal_codes"])["q"]
                                                              for n, rows in rows_by_n.items()}}},
         figures=[_rel(fig, ctx)],
     )
+
+
+def _mdl_miss(n: int, q_star: int, rows: list[dict], floor: float) -> str:
+    """One clause of the finding: the winner against q = n, term by term, and how well q = n trained."""
+    best = next(r for r in rows if r["q"] == q_star)
+    at_n = next(r for r in rows if r["q"] == n)
+    terms = ", ".join(f"{name} {best[key] - at_n[key]:+.1f}" for name, key in
+                      (("support", "L_support"), ("code", "L_code"), ("resid", "L_resid"), ("dict", "L_dict")))
+    recovered = "recovers" if at_n["recovery_mean_best"] >= RECOVERY_BSF_MIN else "does not recover"
+    return (f"n = {n}: q* = {q_star} ({best['total']:.1f} bits vs {at_n['total']:.1f} at q = n; q* − n by term: "
+            f"{terms}); the q = n model (best of {len(at_n['candidates'])} runs) {recovered} the manifolds "
+            f"(R² {at_n['recovery_mean_best']:.3f}) at training MSE {at_n['train_objective']:.3g} against "
+            f"{best['train_objective']:.3g} for q* (residual {at_n['L_resid']:.1f} vs {best['L_resid']:.1f} bits; "
+            f"{floor:.1f} at the noise floor)")

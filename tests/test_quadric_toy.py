@@ -90,3 +90,15 @@ def test_lift_metrics_of_the_checks_on_the_toy() -> None:
         P = vecs[:, -d:]  # the best d-dim subspace of the lifts; residual of the projection
         brute = np.mean(np.sum((T - T @ P @ P.T) ** 2, axis=1))
         assert lifted_pca_floor(rows, d) == pytest.approx(brute, rel=1e-9, abs=1e-12)
+
+
+def test_bilinear_check_protocol_helpers():
+    from proofs_checks.checks.bilinear import _decoder_rank_bound, _training_objective
+
+    class _Model:
+        hoyer_coef = 0.3
+
+    assert _training_objective(_Model(), {"nmse_lifted": 0.2, "hoyer_density": 0.5}) == pytest.approx(0.35)
+    assert _training_objective(object(), {"mse": 0.1}) == 0.1  # the TopK baseline minimises its mse
+    assert _decoder_rank_bound({"d_sae": 32, "options": {"n_atoms": 24}}) == 24  # compound: ≤ n_atoms
+    assert _decoder_rank_bound({"d_sae": 16, "options": {}}) == 16

@@ -4,13 +4,16 @@ Quick checks (no training): ``bilinear.kernel_exact`` (the kernel-trick loss and
 the naive lifted loss for every prior) and ``bilinear.hoyer_scale_invariant``. Full-suite checks
 train small models of :mod:`empirics.bilinear_models` with :func:`empirics.training.train` on the
 quadric toy (:mod:`empirics.quadric_toy`): ``bilinear.geometry_recovery``,
-``bilinear.prior_ordering`` and ``bilinear.subspace_stability``. Hyper-parameters are fixed below
-(chosen once from the spec and the toy's size, never tuned until a prediction holds): where a
-prediction fails, ``passed`` is False and ``finding`` says what was seen.
+``bilinear.prior_ordering`` and ``bilinear.subspace_stability``. Every model of these checks (each
+prior, the TopK SAE baseline, every seed, the α_H = 0 ablation) is trained by one protocol: the best
+of 2 restarts × 2 learning rates at 4000 steps by the final training objective (see ``_train``). It
+was fixed from training losses only, never tuned until a prediction holds: where a prediction
+fails, ``passed`` is False and ``finding`` says what was seen.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass
 from itertools import combinations
@@ -40,14 +43,27 @@ from theory.form_similarity import subspace_similarity
 from theory.quadric_geometry import FactoredForms, LatentGeometry, readout
 
 # ------------------------------------------------------------------------------------------------
-# Shared training settings (fixed, not tuned). Adam at lr 1e-2: the workshop trains with Muon at
-# lr 0.03 (§8); the loop's default 1e-3 is meant for long runs. Hoyer α_H = 0.3 (the 2026 front
-# end's composite model, §5). float32 as in real use; evaluation is float64 numpy.
-_STEPS = 2000
+# Training protocol, the same for every model of every training check (each prior, the TopK SAE
+# baseline, every seed, the α_H = 0 ablation). It is fixed from the TRAINING objective alone, never
+# from a verdict (diagnosis of the three priors on the seed-0 toy at lr 3e-3/1e-2/3e-2, 2000-16000
+# steps, 4 seeds): quadratic and atomic plateau by 2000 steps (objective within 0.02 at every setting);
+# the compound models vary by restart (0.41–0.46 at one setting) more than by steps beyond 4000
+# (8000/16000 steps moved a run by −0.03…+0.06); lr 3e-2 degraded the 48-atom compound model, and
+# 3e-3 vs 1e-2 each won for one compound shape. So each model is the best of _RESTARTS seeds × _LRS
+# (Adam, the loop's warm-up/decay schedule) by its final training objective on all N tokens
+# (:func:`_training_objective`).
+# Hoyer α_H = 0.3 (the 2026 front end's composite model, §5) with the §5 warm-up; float32 as in real
+# use; evaluation is float64 numpy.
+_STEPS = 4000
 _BATCH = 512
-_LR = 1e-2
+_LRS = (3e-3, 1e-2)
+_RESTARTS = 2
 _HOYER = 0.3
 _TOY = {"N": 4000, "D": 16}  # shapes: circle (m = 2), ellipsoid (3), hyperboloid (3); see quadric_toy
+_PROTOCOL = {"steps": _STEPS, "batch_size": _BATCH, "optimiser": "Adam, clip 1.0, loop lr schedule",
+             "lr_candidates": list(_LRS), "restarts_per_lr": _RESTARTS, "dtype": "float32",
+             "selection": "lowest final training objective on all N tokens (eval mode): bilinear nmse_lifted "
+                          "+ α_H·η̄ (η̄ over chunks of batch_size tokens), TopK SAE mse"}
 
 KERNEL_TOL = 1e-10
 HOYER_TOL = 1e-12
@@ -58,31 +74,69 @@ STABILITY_SEEDS = 3
 
 @dataclass
 class _Trained:
+    """The chosen model, its loop metrics, and the record of every candidate run."""
+
     model: Any
     metrics: dict[str, Any]
+    runs: list[dict[str, Any]]
+    chosen: int
+
+    def record(self) -> dict[str, Any]:
+        return {"runs": self.runs, "chosen": self.runs[self.chosen]}
 
 
-def _train(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, options: dict[str, Any] | None = None,
-           k: int | None = None, steps: int = _STEPS) -> _Trained:
-    """Train one model on ``rows`` (N, D) with the project's loop in a throw-away folder."""
+def _training_objective(model: Any, metrics: dict[str, Any]) -> float:
+    """The loss the optimiser minimised, on all N training tokens with the final weights (s(t) = 1).
+
+    Bilinear: nmse_lifted + α_H·η̄ (the loop evaluates in chunks of batch_size tokens, so η̄ is at the
+    training N, §5). TopK SAE: mse (its loss with aux_coef = 0)."""
+    if "nmse_lifted" in metrics:
+        return float(metrics["nmse_lifted"] + model.hoyer_coef * metrics["hoyer_density"])
+    return float(metrics["mse"])
+
+
+def _train_once(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, lr: float, options: dict[str, Any],
+                k: int | None) -> tuple[Any, dict[str, Any], list[float]]:
+    """One run of the project's loop in a throw-away folder: (model, metrics, batch loss every 10%)."""
     made: list[Any] = []
 
     def factory(*args: Any, **kwargs: Any) -> Any:
         made.append(architecture(arch).build(*args, **kwargs))
         return made[-1]
 
-    cfg = TrainConfig(arch=arch, d_sae=d_sae, k=k, options=dict(options or {}), steps=steps, batch_size=_BATCH,
-                      lr=_LR, seed=int(seed), device="cpu", dtype="float32", checkpoint_every=0, log_every=steps,
-                      keep_checkpoints=1)
+    cfg = TrainConfig(arch=arch, d_sae=d_sae, k=k, options=dict(options), steps=_STEPS, batch_size=_BATCH,
+                      lr=lr, seed=int(seed), device="cpu", dtype="float32", checkpoint_every=0,
+                      log_every=_STEPS // 10, keep_checkpoints=1)
+    with tempfile.TemporaryDirectory(prefix="dictcheck_bilinear_") as tmp:
+        result = train(np.ascontiguousarray(rows), cfg, Path(tmp), progress=False, model_factory=factory)
+        curve = [round(float(json.loads(line)["loss"]), 4)
+                 for line in result.log_path.read_text(encoding="utf-8").splitlines()]
+    made[-1].eval()
+    return made[-1], result.metrics, curve
+
+
+def _train(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, options: dict[str, Any] | None = None,
+           k: int | None = None) -> _Trained:
+    """The protocol: _RESTARTS seeds (seed·_RESTARTS + r, distinct across base seeds) × _LRS; keep the
+    run with the lowest :func:`_training_objective` (the first on a tie)."""
+    runs: list[dict[str, Any]] = []
+    fitted: list[tuple[Any, dict[str, Any]]] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: one thread is fastest on a busy machine (restored below)
     try:
-        with tempfile.TemporaryDirectory(prefix="dictcheck_bilinear_") as tmp:
-            result = train(np.ascontiguousarray(rows), cfg, Path(tmp), progress=False, model_factory=factory)
+        for lr in _LRS:
+            for r in range(_RESTARTS):
+                run_seed = int(seed) * _RESTARTS + r
+                model, metrics, curve = _train_once(rows, arch, d_sae, seed=run_seed, lr=lr,
+                                                    options=dict(options or {}), k=k)
+                objective = _training_objective(model, metrics)
+                runs.append({"lr": lr, "seed": run_seed, "training_objective": objective,
+                             "batch_loss_every_10pct": curve})
+                fitted.append((model, metrics))
     finally:
         torch.set_num_threads(threads)
-    made[-1].eval()
-    return _Trained(model=made[-1], metrics=result.metrics)
+    chosen = min(range(len(runs)), key=lambda i: runs[i]["training_objective"])
+    return _Trained(model=fitted[chosen][0], metrics=fitted[chosen][1], runs=runs, chosen=chosen)
 
 
 def _rel(path: Path, ctx: CheckContext) -> str:
@@ -289,6 +343,26 @@ def geometry_table(toy: QuadricToy, forms: FactoredForms, geo: list[LatentGeomet
     return rows
 
 
+def _recovery_fails(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in table if r["best_angle_deg"] >= ANGLE_TOL_DEG or r["best_label"] != r["planted_label"]]
+
+
+def _geometry_run(toy: QuadricToy, hoyer_coef: float, seed: int) -> dict[str, Any]:
+    """Train the geometry model with the protocol at ``hoyer_coef``; its readout, table and record."""
+    t = _train(toy.rows, _GEO_MODEL["arch"], _GEO_MODEL["d_sae"], seed=seed,
+               options=_GEO_MODEL["options"] | {"hoyer_coef": hoyer_coef})
+    forms = FactoredForms.from_dictionary(t.model.dictionary())
+    geo = readout(forms)
+    return {"geo": geo, "table": geometry_table(toy, forms, geo),
+            "label_counts": {lab: sum(g.label == lab for g in geo) for lab in sorted({g.label for g in geo})},
+            "nmse_lifted": t.metrics.get("nmse_lifted"), "hoyer_density": t.metrics.get("hoyer_density"),
+            "training": t.record()}
+
+
+def _angles_text(table: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['shape']} {r['best_angle_deg']:.1f}° ({r['best_label']})" for r in table)
+
+
 @check(
     "bilinear.geometry_recovery",
     "Quadric toy: planted subspaces and shapes are read off the weights",
@@ -302,11 +376,10 @@ def geometry_table(toy: QuadricToy, forms: FactoredForms, geo: list[LatentGeomet
 )
 def bilinear_geometry_recovery(ctx: CheckContext) -> Outcome:
     toy = make_quadric_toy(seed=ctx.seed, **_TOY)
-    t = _train(toy.rows, _GEO_MODEL["arch"], _GEO_MODEL["d_sae"], seed=ctx.seed, options=_GEO_MODEL["options"])
-    forms = FactoredForms.from_dictionary(t.model.dictionary())
-    geo = readout(forms)
-    table = geometry_table(toy, forms, geo)
-    fails = [r for r in table if r["best_angle_deg"] >= ANGLE_TOL_DEG or r["best_label"] != r["planted_label"]]
+    main = _geometry_run(toy, _HOYER, ctx.seed)
+    ablation = _geometry_run(toy, 0.0, ctx.seed)  # details only: does the Hoyer term move latents off the forms?
+    geo, table, counts = main["geo"], main["table"], main["label_counts"]
+    fails = _recovery_fails(table)
     names = dict(enumerate(toy.shapes)) | {-1: "linear only"}
     fig = plot_latent_projections(
         ctx.figure_path("bilinear_geometry_recovery.png"), toy.rows,
@@ -314,33 +387,36 @@ def bilinear_geometry_recovery(ctx: CheckContext) -> Outcome:
                          f"({r['best_label']}, {r['best_angle_deg']:.1f}°)") for r in table],
         labels=toy.component, label_names=names,
         title="Normalised tokens on the top-3 |μ| eigenvectors of the latent closest to each planted subspace")
-    counts = {lab: sum(g.label == lab for g in geo) for lab in sorted({g.label for g in geo})}
     finding = None
     if fails:
+        n_abl = len(_recovery_fails(ablation["table"]))
         finding = (
             "Not recovered as predicted: " + "; ".join(
                 f"{r['shape']}: closest latent {r['best_latent']} at {r['best_angle_deg']:.1f}° labelled "
                 f"{r['best_label']} (planted {r['planted_label']}, top |μ| {r['best_eigenvalues']}; at most "
                 f"{r['max_fraction_of_S_in_a_top3_eigenspace']:.2f} of the planted subspace lies in any latent's "
                 f"top-3 eigenspace)" for r in fails)
-            + f". Labels of all {len(geo)} latents: {counts}. The planted form (= 1 on its component, 0 elsewhere) "
-            "has the most uniform magnitude over its component, which the Hoyer term does not favour; the top "
-            "eigenvectors of the closest latents put a fraction "
-            + ", ".join(f"{r['best_top3_in_linear_complement']:.2f}" for r in table)
+            + f". Labels of all {len(geo)} latents: {counts}. The top eigenvectors of the closest latents put a "
+            "fraction " + ", ".join(f"{r['best_top3_in_linear_complement']:.2f}" for r in table)
             + " of their energy in the linear-feature complement, consistent with fitting the cross terms "
-            "x_S x_linᵀ of the lift."
+            f"x_S x_linᵀ of the lift. Ablation α_H = 0 (same protocol, not the verdict): {_angles_text(ablation['table'])}"
+            f", {n_abl} of {len(table)} components missed, labels {ablation['label_counts']}, lifted NMSE "
+            f"{ablation['nmse_lifted']:.4f} vs {main['nmse_lifted']:.4f} at α_H = {_HOYER}"
+            + (f" — without the Hoyer term {n_abl} of {len(table)} components are still missed, so the Hoyer term "
+               "alone does not explain the miss." if n_abl else
+               " — without the Hoyer term every planted form is recovered, so the Hoyer term is what moves the "
+               "latents off them.")
         )
     return Outcome(
         measured={r["shape"]: {"angle_deg": round(r["best_angle_deg"], 2), "label": r["best_label"]} for r in table},
         tolerance={"largest_principal_angle_deg": ANGLE_TOL_DEG, "label": "exact"},
         tolerance_reason="10° is the issue's bound; the §6 label uses τ_eig = 1e-6 exactly as specified.",
         passed=not fails, finding=finding, figures=[_rel(fig, ctx)],
-        details={"table": table, "nmse_lifted": t.metrics.get("nmse_lifted"),
-                 "hoyer_density": t.metrics.get("hoyer_density"),
+        details={"table": table, "nmse_lifted": main["nmse_lifted"], "hoyer_density": main["hoyer_density"],
                  "lifted_pca_floor_same_d": lifted_pca_floor(toy.rows, _GEO_MODEL["d_sae"]),
-                 "label_counts": counts,
-                 "toy": toy.params, "model": _GEO_MODEL,
-                 "training": {"steps": _STEPS, "batch_size": _BATCH, "lr": _LR, "dtype": "float32"}},
+                 "label_counts": counts, "training": main["training"],
+                 "ablation_hoyer_0": {k: v for k, v in ablation.items() if k != "geo"},
+                 "toy": toy.params, "model": _GEO_MODEL, "protocol": _PROTOCOL},
     )
 
 
@@ -373,12 +449,17 @@ def lifted_nmse_of_reconstruction(rows: np.ndarray, x_hat: np.ndarray) -> float:
     return float(np.mean(1.0 - 2.0 * np.sum(rows * x_hat, axis=1) ** 2 + np.sum(x_hat * x_hat, axis=1) ** 2))
 
 
-def _topk_lifted_nmse(rows: np.ndarray, d_sae: int, k: int, seed: int) -> float:
-    """Train a linear TopK SAE on the unit tokens and measure its reconstruction in the lifted space."""
+def _topk_lifted_nmse(rows: np.ndarray, d_sae: int, k: int, seed: int) -> tuple[float, dict[str, Any]]:
+    """Train a linear TopK SAE on the unit tokens (the protocol); (its lifted NMSE, training record)."""
     t = _train(rows, "topk", d_sae, seed=seed, k=k)
     with torch.no_grad():
         x_hat = t.model(torch.from_numpy(rows).to(torch.float32)).x_hat.double().numpy()
-    return lifted_nmse_of_reconstruction(rows, x_hat)
+    return lifted_nmse_of_reconstruction(rows, x_hat), t.record()
+
+
+def _decoder_rank_bound(spec: dict[str, Any]) -> int:
+    """rank 𝒲ᵀ𝒲 ≤ d_sae, and ≤ n_atoms for compound (its composites lie in the span of the atom lifts)."""
+    return min(spec["d_sae"], spec["options"].get("n_atoms", spec["d_sae"]))
 
 
 @check(
@@ -398,15 +479,19 @@ def bilinear_prior_ordering(ctx: CheckContext) -> Outcome:
     for name, spec in _ORDER_MODELS.items():
         row: dict[str, Any] = {"parameters": _parameter_count(name, spec, toy.D), "d_sae": spec["d_sae"]}
         if name == "topk":
-            row.update(nmse_lifted=_topk_lifted_nmse(rows, spec["d_sae"], spec["k"], ctx.seed), k=spec["k"])
+            nmse, record = _topk_lifted_nmse(rows, spec["d_sae"], spec["k"], ctx.seed)
+            row.update(nmse_lifted=nmse, k=spec["k"], training=record)
         else:  # a bilinear model is a tied linear autoencoder of the lifts: PCA bounds it from below
             t = _train(rows, spec["arch"], spec["d_sae"], seed=ctx.seed, options=spec["options"])
+            rank = _decoder_rank_bound(spec)
             row.update(nmse_lifted=kernel_lifted_loss(rows, t.model.dictionary()), **spec["options"],
-                       lifted_pca_floor_same_d=lifted_pca_floor(rows, spec["d_sae"]))
+                       hoyer_density=t.metrics.get("hoyer_density"), decoder_rank_bound=rank,
+                       lifted_pca_floor=lifted_pca_floor(rows, rank), training=t.record())
         table[name] = row
-    diagnostics = {}
+    diagnostics, diagnostic_training = {}, {}
     for k in TOPK_DIAGNOSTIC_K:  # not part of the verdict: how sparse must the linear SAE be to lose?
-        diagnostics[f"topk_k{k}"] = _topk_lifted_nmse(rows, _ORDER_MODELS["topk"]["d_sae"], k, ctx.seed)
+        diagnostics[f"topk_k{k}"], diagnostic_training[f"topk_k{k}"] = _topk_lifted_nmse(
+            rows, _ORDER_MODELS["topk"]["d_sae"], k, ctx.seed)
     n = {k: v["nmse_lifted"] for k, v in table.items()}
     order = {"compound < atomic": n["compound"] < n["atomic"], "quadratic < atomic": n["quadratic"] < n["atomic"],
              "atomic < topk": n["atomic"] < n["topk"]}
@@ -415,17 +500,25 @@ def bilinear_prior_ordering(ctx: CheckContext) -> Outcome:
         measured={"nmse_lifted": {k: round(v, 4) for k, v in n.items()}, "order_holds": order},
         tolerance="strict order of the measured NMSEs",
         tolerance_reason="the claim is an ordering; the full table (with each bilinear model's lifted-PCA floor at "
-        "its latent count) is reported so that a near tie is visible.",
+        "its decoder-rank bound) is reported so that a near tie is visible.",
         passed=passed, details={"table": table, "budget": BUDGET, "toy": toy.params,
                                 "topk_other_k_nmse_lifted": diagnostics,
-                                "training": {"steps": _STEPS, "batch_size": _BATCH, "lr": _LR, "dtype": "float32"},
+                                "topk_other_k_training": diagnostic_training, "protocol": _PROTOCOL,
+                                "lifted_pca_floor_note": "1 − (top-r uncentred eigenvalues of the lifts)/N at r = "
+                                "the decoder-rank bound: the lowest NMSE of ANY r symmetric forms; the priors "
+                                "restrict the forms (rank-1 PSD atoms, rank-2 GLU), so they may stay above it "
+                                "even when trained to convergence",
                                 "topk_lift": "x̂x̂ᵀ of the SAE reconstruction of the unit token (sign-free)"},
         finding=None if passed else "Ordering fails: " + ", ".join(k for k, v in order.items() if not v)
         + f" (NMSE {', '.join(f'{k} {v:.4f}' for k, v in n.items())}; TopK with other k: "
         + ", ".join(f"{k} {v:.4f}" for k, v in diagnostics.items()) + "). Each toy token is a unit vector in at most "
         "4 of 16 fixed directions (a planted subspace of dim ≤ 3 plus one linear feature), so a linear TopK SAE with "
         "d_sae = D = 16 can hold all of them, while the bilinear models' 16-32 forms cover part of the 136-dim lift "
-        "space (see the lifted-PCA floors).",
+        "space (lifted-PCA floors at the decoder-rank bound: " + ", ".join(
+            f"{k} {v['lifted_pca_floor']:.4f}" for k, v in table.items() if "lifted_pca_floor" in v)
+        + "; final training objectives of the candidate runs: " + ", ".join(
+            f"{k} {min(r['training_objective'] for r in v['training']['runs']):.4f}–"
+            f"{max(r['training_objective'] for r in v['training']['runs']):.4f}" for k, v in table.items()) + ").",
     )
 
 
@@ -437,7 +530,6 @@ _STABILITY_MODELS = {
     "quadratic": {"arch": "bilinear-quadratic", "d_sae": 24, "options": {"hoyer_coef": _HOYER}},
     "atomic": {"arch": "bilinear-atomic", "d_sae": 24, "options": {"hoyer_coef": _HOYER}},
 }
-_STABILITY_STEPS = 1000
 
 
 @check(
@@ -453,10 +545,11 @@ def bilinear_subspace_stability(ctx: CheckContext) -> Outcome:
     toy = make_quadric_toy(seed=ctx.seed, **_TOY)
     seeds = [ctx.seed + i for i in range(STABILITY_SEEDS)]
     forms: dict[str, list[FactoredForms]] = {}
+    training: dict[str, list[dict[str, Any]]] = {}
     for name, spec in _STABILITY_MODELS.items():
-        forms[name] = [FactoredForms.from_dictionary(
-            _train(toy.rows, spec["arch"], spec["d_sae"], seed=s, options=spec["options"],
-                   steps=_STABILITY_STEPS).model.dictionary()) for s in seeds]
+        trained = [_train(toy.rows, spec["arch"], spec["d_sae"], seed=s, options=spec["options"]) for s in seeds]
+        forms[name] = [FactoredForms.from_dictionary(t.model.dictionary()) for t in trained]
+        training[name] = [t.record() for t in trained]
     pairs: dict[str, list[dict[str, Any]]] = {}
     for name, fs in forms.items():
         pairs[name] = []
@@ -479,6 +572,5 @@ def bilinear_subspace_stability(ctx: CheckContext) -> Outcome:
             f"{name} seeds {p['seeds']}: similarity {p['similarity']:.3f}, matched cosine {p['mean_matched_cosine']:.3f}"
             for name, p in fails),
         details={"pairs": pairs, "cross_prior_similarity_seed0": cross, "models": _STABILITY_MODELS,
-                 "toy": toy.params, "training": {"steps": _STABILITY_STEPS, "batch_size": _BATCH, "lr": _LR,
-                                                 "dtype": "float32"}},
+                 "toy": toy.params, "protocol": _PROTOCOL, "training_per_seed": training},
     )

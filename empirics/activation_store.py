@@ -36,7 +36,7 @@ import torch
 
 from empirics.atomic_files import atomic_write_bytes
 from empirics.corpus import load_corpus
-from empirics.lm_models import LoadedLM, residual_at
+from empirics.lm_models import LoadedLM, residual_at, sha256_file
 from empirics.sae_io import dictcheck_version
 
 FORMAT = "dictcheck-activations"
@@ -49,14 +49,6 @@ _TOKENIZE_CHUNK = 64
 
 def _shard_name(index: int) -> str:
     return f"shard_{index:05d}.npy"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -143,7 +135,7 @@ def open_activations(path: str | Path, *, verify: bool = True) -> ActivationStor
         arr = _load_shard(file, entry["rows"], manifest["d"])
         if arr is None:
             raise ValueError(f"activation shard {file} is missing or not float32 of shape ({entry['rows']}, {manifest['d']})")
-        if verify and _sha256(file) != entry["sha256"]:
+        if verify and sha256_file(file) != entry["sha256"]:
             raise ValueError(f"activation shard {file} does not match the sha256 in {MANIFEST}")
         shards.append(arr)
     return ActivationStore(directory, manifest, shards)
@@ -286,7 +278,7 @@ def extract_activations(lm: LoadedLM, layer: int, n_tokens: int, out_dir: str | 
             atomic_write_bytes(path, _npy_bytes(rows))
         elif bar is not None:
             bar.update(stop - start)
-        entries.append({"file": path.name, "rows": stop - start, "sha256": _sha256(path)})
+        entries.append({"file": path.name, "rows": stop - start, "sha256": sha256_file(path)})
         if log:
             rate = stop / max(time.perf_counter() - t0, 1e-9)
             print(f"activations: {path.name} done, {stop}/{n_tokens} tokens ({rate:.0f} tok/s incl. resumed)",

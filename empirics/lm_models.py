@@ -98,7 +98,8 @@ class LoadedLM:
                 "hook_name": f"blocks.{layer}.hook_resid_post"}
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """SHA-256 hex digest of a file, read in 4 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
@@ -204,7 +205,7 @@ def load_lm(name: str, *, dtype: torch.dtype = torch.float32) -> LoadedLM:
     layers_path = _find_layers(model)
     probe = tokenizer("a").input_ids
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None and probe[:1] == [tokenizer.bos_token_id] else None
-    digests = [_sha256_file(p) for p in files]
+    digests = [sha256_file(p) for p in files]
     source["sha256"] = digests[0] if len(digests) == 1 else hashlib.sha256("".join(digests).encode()).hexdigest()
     source["transformers"] = transformers.__version__
     lm = LoadedLM(name=name, model=model, tokenizer=tokenizer, n_layers=len(model.get_submodule(layers_path)),

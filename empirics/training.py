@@ -80,7 +80,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,7 @@ __all__ = [
     "lr_schedule",
     "t_dead",
     "data_hash",
+    "torch_threads",
     "train",
     "latest_checkpoint",
 ]
@@ -163,6 +164,18 @@ def lr_schedule(step: int, steps: int) -> float:
 def t_dead(steps: int, batch_size: int) -> int:
     """T_dead = min(10M, 25% of the training tokens steps·batch_size), at least 1 (spec §2)."""
     return max(1, min(_T_DEAD_MAX, (steps * batch_size) // 4))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads, restoring the previous count afterwards (small
+    models on a shared machine train fastest on one thread, without OpenMP spin-waits)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def data_hash(X: np.ndarray) -> str:
@@ -282,9 +295,11 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns. ``weights`` are CPU tensors with SAELens names."""
+    """What :func:`train` returns. ``weights`` are CPU tensors with SAELens names; ``model`` is the
+    trained featurizer itself (eval mode, on the training device)."""
 
     out_dir: Path
+    model: Featurizer
     weights: dict[str, torch.Tensor]
     metrics: dict[str, Any]
     steps: int
@@ -782,6 +797,7 @@ def train(
     world.broadcast(None)  # no rank returns before the folder is complete
     return TrainResult(
         out_dir=out,
+        model=model,
         weights=weights,
         metrics=metrics,
         steps=steps,

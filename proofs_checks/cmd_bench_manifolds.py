@@ -50,10 +50,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.architectures import architecture
 from empirics.manifold_metrics import default_precisions, mdl_bits, orthonormal_codes, recovery, sae_blocks
 from empirics.manifold_toy import ManifoldBenchmark, ManifoldConfig, make_manifold_benchmark
-from empirics.training import TrainConfig, train
+from empirics.training import TrainConfig, torch_threads, train
 from proofs_checks.errors import UserError
 
 __all__ = ["BenchSettings", "DEFAULT", "QUICK", "MDL_BLOCK_SIZES", "Prepared", "TrainedBlocks", "prepare",
@@ -140,23 +139,15 @@ def train_blocks(prep: Prepared, arch: str, d_sae: int, k: int | None, options: 
     own blocks W (unit-Frobenius / orthonormal), which is the model that acts on data units directly,
     so c_ig = W_g z_ig and X_hat are in data units and the codes are measured in the units of δ_z.
     """
-    made: list[Any] = []
-
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        made.append(architecture(arch).build(*args, **kwargs))
-        return made[-1]
-
     if log:
         log(f"training {arch} (d_sae {d_sae}, k {k}, options {options}) for {steps} steps")
     cfg = TrainConfig(arch=arch, d_sae=d_sae, k=k, options=dict(options), steps=steps, batch_size=batch_size,
                       lr=lr, seed=seed, device="cpu", dtype="float32", checkpoint_every=0, log_every=steps,
                       keep_checkpoints=1, eval_tokens=4096)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small tensors on a shared machine: one thread is fastest
-    try:
+    with torch_threads(1):  # small tensors on a shared machine: one thread is fastest
         with tempfile.TemporaryDirectory(prefix="dictcheck_bench_") as tmp:
-            result = train(prep.train, cfg, Path(tmp), progress=False, model_factory=factory)
-        model = made[-1].eval()
+            result = train(prep.train, cfg, Path(tmp), progress=False)
+        model = result.model
         X = torch.from_numpy(prep.eval).to(torch.float32)
         with torch.no_grad():
             train_objective = float(model(torch.from_numpy(prep.train).to(torch.float32)).loss)
@@ -168,8 +159,6 @@ def train_blocks(prep: Prepared, arch: str, d_sae: int, k: int | None, options: 
                 W = model.decoder_blocks().double().numpy()
             else:
                 Z, W = sae_blocks(codes, model.W_dec.double().numpy())
-    finally:
-        torch.set_num_threads(threads)
     return TrainedBlocks(Z=Z, W=W, X_hat=X_hat, metrics={**result.metrics, "train_objective": train_objective})
 
 

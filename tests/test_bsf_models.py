@@ -358,14 +358,15 @@ def test_training_loop_saves_a_loadable_folder(arch, tmp_path):
     cfg = TrainConfig(arch=arch, d_sae=N_B * Q, k=K if arch != "bsf-grouplasso" else None,
                       options={"block_size": Q}, steps=3, batch_size=16, seed=0, device="cpu", dtype="float64",
                       checkpoint_every=0, log_every=3, keep_checkpoints=1, eval_tokens=64)
-    made = []
-    result = train(X, cfg, tmp_path, progress=False, model_factory=lambda *a, **kw: made.append(build(*a, **kw)) or made[-1])
+    result = train(X, cfg, tmp_path, progress=False)
+    trained = result.model
     weights, saved = load_sae(tmp_path)
     fields = saved.metadata["dictcheck"]["bsf"]
     assert (fields["n_b"], fields["q"]) == (N_B, Q)
-    model = build(arch, D, N_B * Q, k=fields["k"], dtype=F64, **{n: fields[n] for n in made[-1].options()})
+    model = build(arch, D, N_B * Q, k=fields["k"], dtype=F64, **{n: fields[n] for n in trained.options()})
     model.load_state_weights(weights)
-    model.eval(), made[-1].eval()
+    model.eval()
+    assert not trained.training  # train() returns its model in eval mode
     x = torch.from_numpy(X)
-    assert torch.equal(model(x).x_hat, made[-1](x).x_hat)
-    assert set(result.weights) == set(made[-1].weight_shapes())
+    assert torch.equal(model(x).x_hat, trained(x).x_hat)
+    assert set(result.weights) == set(trained.weight_shapes())

@@ -58,6 +58,7 @@ def test_loop_calls_hooks_and_reports_extra_metrics(tmp_path):
     cfg = TrainConfig(arch="relu", d_sae=3, lam=0.1, steps=5, batch_size=10, lr=1e-2, device="cpu", dtype="float64",
                       checkpoint_every=0, log_every=5, b_dec_init="zero", keep_checkpoints=1)
     res = train(X, cfg, tmp_path, progress=False, model_factory=factory)
+    assert res.model is made[0] and not res.model.training
     calls = made[0].calls
     assert calls[0] == ("param", None)  # projected once before training
     assert [c for c in calls if c[0] == "step"] == [("step", s) for s in range(5)]

@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.architectures import architecture
 from empirics.bilinear_models import build as build_bilinear
 from empirics.bilinear_models import hoyer_mean
 from empirics.quadric_toy import QuadricToy, make_quadric_toy
-from empirics.training import TrainConfig, train
+from empirics.training import TrainConfig, torch_threads, train
 from proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
 from proofs_checks.registry import CheckContext, Outcome, check
 from solvers.form_matching import match_forms
@@ -98,21 +97,14 @@ def _training_objective(model: Any, metrics: dict[str, Any]) -> float:
 def _train_once(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, lr: float, options: dict[str, Any],
                 k: int | None) -> tuple[Any, dict[str, Any], list[float]]:
     """One run of the project's loop in a throw-away folder: (model, metrics, batch loss every 10%)."""
-    made: list[Any] = []
-
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        made.append(architecture(arch).build(*args, **kwargs))
-        return made[-1]
-
     cfg = TrainConfig(arch=arch, d_sae=d_sae, k=k, options=dict(options), steps=_STEPS, batch_size=_BATCH,
                       lr=lr, seed=int(seed), device="cpu", dtype="float32", checkpoint_every=0,
                       log_every=_STEPS // 10, keep_checkpoints=1)
     with tempfile.TemporaryDirectory(prefix="dictcheck_bilinear_") as tmp:
-        result = train(np.ascontiguousarray(rows), cfg, Path(tmp), progress=False, model_factory=factory)
+        result = train(np.ascontiguousarray(rows), cfg, Path(tmp), progress=False)
         curve = [round(float(json.loads(line)["loss"]), 4)
                  for line in result.log_path.read_text(encoding="utf-8").splitlines()]
-    made[-1].eval()
-    return made[-1], result.metrics, curve
+    return result.model, result.metrics, curve
 
 
 def _train(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, options: dict[str, Any] | None = None,
@@ -121,9 +113,7 @@ def _train(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, options: dict[
     run with the lowest :func:`_training_objective` (the first on a tie)."""
     runs: list[dict[str, Any]] = []
     fitted: list[tuple[Any, dict[str, Any]]] = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: one thread is fastest on a busy machine (restored below)
-    try:
+    with torch_threads(1):
         for lr in _LRS:
             for r in range(_RESTARTS):
                 run_seed = int(seed) * _RESTARTS + r
@@ -133,8 +123,6 @@ def _train(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, options: dict[
                 runs.append({"lr": lr, "seed": run_seed, "training_objective": objective,
                              "batch_loss_every_10pct": curve})
                 fitted.append((model, metrics))
-    finally:
-        torch.set_num_threads(threads)
     chosen = min(range(len(runs)), key=lambda i: runs[i]["training_objective"])
     return _Trained(model=fitted[chosen][0], metrics=fitted[chosen][1], runs=runs, chosen=chosen)
 

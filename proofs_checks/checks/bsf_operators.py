@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from empirics.bsf_models import build
-from empirics.training import TrainConfig, train
+from empirics.training import TrainConfig, torch_threads, train
 from proofs_checks.registry import CheckContext, Outcome, check
 from solvers.block_lasso import numeric_l21_prox, solve_block_lasso
 from theory.block_sparse import (
@@ -225,15 +225,10 @@ def grassmann_orthonormal(ctx: CheckContext) -> Outcome:
     cfg = TrainConfig(arch="bsf-grassmann", d_sae=p["n_b"] * p["q"], k=p["k"], options={"block_size": p["q"]},
                       steps=p["steps"], batch_size=p["batch_size"], lr=p["lr"], seed=ctx.seed, device="cpu",
                       dtype=p["dtype"], checkpoint_every=0, log_every=p["steps"], keep_checkpoints=1)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with tempfile.TemporaryDirectory(prefix="dictcheck_bsf_") as tmp:
-            result = train(X, cfg, Path(tmp), progress=False, model_factory=factory,
-                           on_step=lambda step: errors.append(_orthonormality_error(made[-1])))
-    finally:
-        torch.set_num_threads(threads)
-    model = made[-1]
+    with torch_threads(1), tempfile.TemporaryDirectory(prefix="dictcheck_bsf_") as tmp:
+        result = train(X, cfg, Path(tmp), progress=False, model_factory=factory,
+                       on_step=lambda step: errors.append(_orthonormality_error(made[-1])))
+    model = result.model
     measured = {"max_orthonormality_error": max(errors), "steps_measured": len(errors) - 1,
                 "final_raw_B_departure": _raw_departure(model), "final_gamma": float(model.gamma.detach()),
                 "final_loss": float(result.final_loss)}

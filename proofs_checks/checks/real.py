@@ -35,7 +35,7 @@ import torch
 
 from empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
 from empirics.atomic_files import atomic_write_bytes
-from empirics.training import TrainConfig, TrainResult, train
+from empirics.training import TrainConfig, TrainResult, torch_threads, train
 from proofs_checks.cmd_check_sae import ANTIPODAL_COSINE, antipodal_pairs, sae_report
 from proofs_checks.registry import CheckContext, Outcome, check
 
@@ -109,13 +109,9 @@ def train_real(ctx: CheckContext, name: str, **config: Any) -> TrainResult:
     settings = {"steps": STEPS, "batch_size": BATCH, "seed": ctx.seed, "device": "cpu", "dtype": "float32",
                 "checkpoint_every": 0, "log_every": 100, "keep_checkpoints": 1, **config}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared 2-core machine: one intra-op thread per check
-    try:
+    with torch_threads(1):  # a shared 2-core machine: one intra-op thread per check
         return train(data.X_train, TrainConfig(**settings), ctx.out_dir / "real_models" / f"{name}-{key}",
                      resume=True, progress=False)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def real_lam(data: RealData) -> float:
@@ -125,9 +121,7 @@ def real_lam(data: RealData) -> float:
 
 
 def _encode(result: TrainResult, X: np.ndarray) -> np.ndarray:
-    from empirics.sae_folder import load_featurizer
-
-    model, _ = load_featurizer(result.out_dir)
+    model = result.model
     with torch.no_grad():
         return model.encode(torch.from_numpy(X).to(next(model.parameters()).dtype)).double().numpy()
 

@@ -23,7 +23,7 @@ import torch
 from empirics.metrics import amortisation_gap, unit_atom_objective
 from empirics.sae_models import make_sae
 from empirics.toy_data import make_toy
-from empirics.training import TrainConfig, train
+from empirics.training import TrainConfig, torch_threads, train
 from proofs_checks.figures import plot_antipodal_against_p
 from proofs_checks.registry import CheckContext, Outcome, check
 from solvers.lasso_codes import exact_codes
@@ -60,30 +60,18 @@ class _Trained:
 def _train(X: np.ndarray, arch: str, d_sae: int, *, seed: int, steps: int, lam: float | None = None,
            k: int | None = None, batch_size: int | None = None, b_dec_init: str = "geometric_median") -> _Trained:
     """Train one SAE on X (D, N) with the project's loop (in a throw-away folder) and encode X."""
-    made: list[Any] = []
 
     def factory(*args: Any, **kwargs: Any) -> Any:
-        if arch == "jumprelu":
-            kwargs = {**kwargs, **_JUMPRELU}
-        made.append(make_sae(*args, **kwargs))
-        return made[-1]
+        return make_sae(*args, **{**kwargs, **_JUMPRELU}) if arch == "jumprelu" else make_sae(*args, **kwargs)
 
     cfg = TrainConfig(arch=arch, d_sae=d_sae, k=k, lam=lam if arch in ("relu", "jumprelu", "abs") else None,
                       steps=steps, batch_size=batch_size or X.shape[1], lr=_LR, seed=int(seed), device="cpu",
                       dtype="float64", checkpoint_every=0, log_every=max(steps, 1), b_dec_init=b_dec_init,
                       keep_checkpoints=1)
     rows = np.ascontiguousarray(X.T)
-    threads = torch.get_num_threads()
-    # Tiny tensors: one intra-op thread is fastest, and avoids OpenMP spin-waits that slow these runs
-    # down many-fold on a busy machine. Restored afterwards.
-    torch.set_num_threads(1)
-    try:
-        with tempfile.TemporaryDirectory(prefix="dictcheck_sae_") as tmp:
-            result = train(rows, cfg, Path(tmp), progress=False, model_factory=factory)
-    finally:
-        torch.set_num_threads(threads)
-    model = made[-1]
-    model.eval()
+    with torch_threads(1), tempfile.TemporaryDirectory(prefix="dictcheck_sae_") as tmp:
+        result = train(rows, cfg, Path(tmp), progress=False, model_factory=factory)
+    model = result.model
     with torch.no_grad():
         Z = model.encode(torch.from_numpy(rows)).numpy().T.copy()
     W = result.weights["W_dec"].numpy().T.astype(np.float64)

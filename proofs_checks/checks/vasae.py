@@ -27,7 +27,6 @@ import torch
 
 from empirics.lm_metrics import alignment_metrics
 from empirics.metrics import fvu
-from empirics.sae_folder import load_featurizer
 from empirics.training import TrainResult
 from proofs_checks.checks.real import BATCH, D_SAE, LAYER, STEPS, real_data, train_real
 from proofs_checks.registry import CheckContext, Outcome, check
@@ -57,7 +56,7 @@ def _evaluated(ctx: CheckContext, kind: str) -> dict[str, Any]:
     result: TrainResult = train_real(ctx, f"vasae-{kind}", arch="vasae", d_sae=D_SAE, k=K, lr=LR,
                                      b_dec_init="zero", options=_options(kind))
     data = real_data()
-    model, _ = load_featurizer(result.out_dir)
+    model = result.model
     with torch.no_grad():
         out = model(torch.from_numpy(data.X_eval))
     x_hat, codes = out.x_hat.double().numpy(), out.codes.numpy()

@@ -12,6 +12,14 @@ import numpy as np  # noqa: E402
 from numpy.typing import NDArray  # noqa: E402
 
 
+def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 110) -> Path:
+    """Lay out, write ``fig`` as a PNG at ``path`` and close it (frees its memory); returns the path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_wide_limit_2d(path: Path, panels: list[dict]) -> Path:
     """Data, optimal bias b*, the λ-ball around it and one ray per atom, one panel per solution.
 
@@ -35,10 +43,7 @@ def plot_wide_limit_2d(path: Path, panels: list[dict]) -> Path:
         ax.set_aspect("equal")
         ax.set_title(panel["title"], fontsize=10)
         ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_threshold_1d(path: Path, p: NDArray, curves: dict[float, dict[str, NDArray]]) -> Path:
@@ -56,10 +61,7 @@ def plot_threshold_1d(path: Path, p: NDArray, curves: dict[float, dict[str, NDAr
     ax_n.set_ylabel("atoms in the wide-limit optimum")
     ax_n.set_yticks([0, 1, 2])
     fig.suptitle("Dense scalar toy, active values U[1, 3]: one atom below p = 1/2, an antipodal pair above")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_absorption(path: Path, X: NDArray, labels: NDArray, before: NDArray, after: NDArray) -> Path:
@@ -82,10 +84,7 @@ def plot_absorption(path: Path, X: NDArray, labels: NDArray, before: NDArray, af
         ax.set_aspect("equal")
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle("Absorption: ground-truth atoms (grey, dashed) vs the stationary point (black)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_firing_against_p(path: Path, p: NDArray, without_spare: NDArray, with_spare: NDArray) -> Path:
@@ -98,10 +97,7 @@ def plot_firing_against_p(path: Path, p: NDArray, without_spare: NDArray, with_s
     ax.set_xlabel("firing probability of the dense feature")
     ax.set_ylabel("firing fraction of its atom(s) at the optimum")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_antipodal_against_p(path: Path, rows: list[dict], pair_cos: float) -> Path:
@@ -122,7 +118,4 @@ def plot_antipodal_against_p(path: Path, rows: list[dict], pair_cos: float) -> P
     ax_c.set_ylabel("most negative decoder cosine between live latents")
     ax_f.set_ylabel("largest firing fraction of a live latent")
     fig.suptitle("Trained SAEs (d_sae = 4) on the dense-scalar toy: antipodal pair above p = 1/2?")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -12,12 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from numpy.typing import NDArray
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from numpy.typing import NDArray  # noqa: E402
+from proofs_checks.figures import plt, save_figure
 
 __all__ = ["ProjectionPanel", "plot_latent_projections"]
 
@@ -83,7 +81,4 @@ def plot_latent_projections(path: Path, X: NDArray, panels: Sequence[ProjectionP
             ax.legend(fontsize=7, markerscale=3, loc="upper left")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=100)

@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+from numpy.typing import NDArray
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from numpy.typing import NDArray  # noqa: E402
+from proofs_checks.figures import plt, save_figure
 
 __all__ = ["plot_recovered_circle", "plot_mdl_curve"]
 
@@ -36,10 +34,7 @@ def plot_recovered_circle(path: Path, theta: NDArray, codes: NDArray, plane: NDA
     ax_p.set_ylabel("E_jᵀ c (2)")
     ax_p.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_mdl_curve(path: Path, curves: dict[str, list[dict[str, Any]]], title: str) -> Path:
@@ -72,7 +67,4 @@ def plot_mdl_curve(path: Path, curves: dict[str, list[dict[str, Any]]], title: s
     ax_s.set_ylabel("bits per sample")
     ax_s.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import sympy as sp
 from numpy.typing import NDArray
 
 from empirics.manifold_toy import ManifoldSplit
@@ -28,7 +27,6 @@ __all__ = [
     "orthonormal_codes",
     "stable_rank", "contribution_stable_ranks", "decoder_stable_ranks",
     "normalised_cov_eigenvalues", "best_direction_fraction", "nonnegative_atom_r2",
-    "analytic_best_direction_fraction", "analytic_nonnegative_circle_r2",
 ]
 
 
@@ -357,36 +355,3 @@ def nonnegative_atom_r2(points: Any, w: Any) -> float:
     if den <= 0:
         raise ValueError("points have zero variance")
     return float(1.0 - num / den)
-
-
-def analytic_best_direction_fraction(kind: str) -> sp.Rational:
-    """Exact λ_max(Cov)/tr(Cov) for the uniform circle, S² and Clifford torus (spec §9), by sympy integration.
-
-    Cov = E[φφᵀ] (every such manifold has E φ = 0) with the uniform measure of spec §5.
-    """
-    a, b = sp.symbols("a b", real=True)
-    if kind == "circle":
-        phi = sp.Matrix([sp.cos(a), sp.sin(a)])
-        cov = (phi * phi.T).applyfunc(lambda f: sp.integrate(f, (a, 0, 2 * sp.pi)) / (2 * sp.pi))
-    elif kind == "sphere":  # polar angle a ∈ [0, π], azimuth b, area element sin a
-        phi = sp.Matrix([sp.sin(a) * sp.cos(b), sp.sin(a) * sp.sin(b), sp.cos(a)])
-        cov = (phi * phi.T).applyfunc(
-            lambda f: sp.integrate(sp.integrate(f * sp.sin(a), (b, 0, 2 * sp.pi)), (a, 0, sp.pi)) / (4 * sp.pi))
-    elif kind == "torus":
-        phi = sp.Matrix([sp.cos(a), sp.sin(a), sp.cos(b), sp.sin(b)]) / sp.sqrt(2)
-        cov = (phi * phi.T).applyfunc(
-            lambda f: sp.integrate(sp.integrate(f, (a, 0, 2 * sp.pi)), (b, 0, 2 * sp.pi)) / (4 * sp.pi**2))
-    else:
-        raise ValueError(f"kind must be 'circle', 'sphere' or 'torus', got {kind!r}")
-    eig = max(cov.eigenvals(), key=lambda e: float(e))
-    return sp.nsimplify(sp.simplify(eig / cov.trace()))
-
-
-def analytic_nonnegative_circle_r2() -> sp.Rational:
-    """Exact R² of a non-negative atom on the uniform unit circle (spec §6, §9).
-
-    With w = e₁ and t = (cos θ)_+: E‖m − t w‖² = E‖m‖² − E[t²], so R² = E[(cos θ)_+²]/E‖m‖²
-    = (1/2π)∫_{−π/2}^{π/2} cos²θ dθ.
-    """
-    a = sp.symbols("a", real=True)
-    return sp.nsimplify(sp.integrate(sp.cos(a) ** 2, (a, -sp.pi / 2, sp.pi / 2)) / (2 * sp.pi))

@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 
 from empirics.manifold_metrics import (
     MDLPrecisions,
-    analytic_best_direction_fraction,
-    analytic_nonnegative_circle_r2,
     best_direction_fraction,
     binary_entropy,
     contribution_stable_ranks,
@@ -28,6 +26,7 @@ from empirics.manifold_metrics import (
     stable_rank,
 )
 from empirics.manifold_toy import ManifoldConfig, make_manifold_benchmark, sample_manifold
+from theory.symbolic import analytic_best_direction_fraction, analytic_nonnegative_circle_r2
 
 CFG = ManifoldConfig(D=30, counts=(("circle", 2), ("sphere", 2), ("torus", 2)), n_train=20, n_eval=400)
 

@@ -1,4 +1,5 @@
-"""Sympy derivations of the identities the theory rests on (spec/theory.md §2.1, §4.1, §5.1).
+"""Sympy derivations of the identities the theory rests on (spec/theory.md §2.1, §4.1, §5.1;
+spec/bsf.md §6, §9 for the manifold variance fractions).
 
 Each function derives a result symbolically and returns the derived expression, so tests and
 checks can compare it with the closed forms used numerically elsewhere.
@@ -40,3 +41,36 @@ def dense_scalar_bias() -> tuple[sp.Expr, sp.Expr]:
     H = (1 - p) * b**2 + p * (2 * lam * (a - b) - lam**2)
     (b_star,) = sp.solve(sp.diff(H, b), b)
     return sp.simplify(b_star), sp.simplify(H.subs(b, b_star))
+
+
+def analytic_best_direction_fraction(kind: str) -> sp.Rational:
+    """Exact λ_max(Cov)/tr(Cov) for the uniform circle, S² and Clifford torus (spec/bsf.md §9), by sympy integration.
+
+    Cov = E[φφᵀ] (every such manifold has E φ = 0) with the uniform measure of spec/bsf.md §5.
+    """
+    a, b = sp.symbols("a b", real=True)
+    if kind == "circle":
+        phi = sp.Matrix([sp.cos(a), sp.sin(a)])
+        cov = (phi * phi.T).applyfunc(lambda f: sp.integrate(f, (a, 0, 2 * sp.pi)) / (2 * sp.pi))
+    elif kind == "sphere":  # polar angle a ∈ [0, π], azimuth b, area element sin a
+        phi = sp.Matrix([sp.sin(a) * sp.cos(b), sp.sin(a) * sp.sin(b), sp.cos(a)])
+        cov = (phi * phi.T).applyfunc(
+            lambda f: sp.integrate(sp.integrate(f * sp.sin(a), (b, 0, 2 * sp.pi)), (a, 0, sp.pi)) / (4 * sp.pi))
+    elif kind == "torus":
+        phi = sp.Matrix([sp.cos(a), sp.sin(a), sp.cos(b), sp.sin(b)]) / sp.sqrt(2)
+        cov = (phi * phi.T).applyfunc(
+            lambda f: sp.integrate(sp.integrate(f, (a, 0, 2 * sp.pi)), (b, 0, 2 * sp.pi)) / (4 * sp.pi**2))
+    else:
+        raise ValueError(f"kind must be 'circle', 'sphere' or 'torus', got {kind!r}")
+    eig = max(cov.eigenvals(), key=lambda e: float(e))
+    return sp.nsimplify(sp.simplify(eig / cov.trace()))
+
+
+def analytic_nonnegative_circle_r2() -> sp.Rational:
+    """Exact R² of a non-negative atom on the uniform unit circle (spec/bsf.md §6, §9).
+
+    With w = e₁ and t = (cos θ)_+: E‖m − t w‖² = E‖m‖² − E[t²], so R² = E[(cos θ)_+²]/E‖m‖²
+    = (1/2π)∫_{−π/2}^{π/2} cos²θ dθ.
+    """
+    a = sp.symbols("a", real=True)
+    return sp.nsimplify(sp.integrate(sp.cos(a) ** 2, (a, -sp.pi / 2, sp.pi / 2)) / (2 * sp.pi))

@@ -24,8 +24,6 @@ import numpy as np
 import sympy as sp
 
 from empirics.manifold_metrics import (
-    analytic_best_direction_fraction,
-    analytic_nonnegative_circle_r2,
     best_direction_fraction,
     nonnegative_atom_r2,
     normalised_cov_eigenvalues,
@@ -45,6 +43,7 @@ from proofs_checks.cmd_bench_manifolds import (
 )
 from proofs_checks.figures_bsf import plot_mdl_curve, plot_recovered_circle
 from proofs_checks.registry import CheckContext, Outcome, check
+from theory.symbolic import analytic_best_direction_fraction, analytic_nonnegative_circle_r2
 
 HALF_VARIANCE_N = 100_000
 HALF_VARIANCE_TOL = 0.01

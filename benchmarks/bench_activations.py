@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from empirics.activation_store import extract_activations, token_windows
-from empirics.lm_models import LoadedLM, load_lm
+from dictcheck.empirics.activation_store import extract_activations, token_windows
+from dictcheck.empirics.lm_models import LoadedLM, load_lm
 
 
 def _naive(lm: LoadedLM, layer: int, windows: np.ndarray, batch: int) -> np.ndarray:

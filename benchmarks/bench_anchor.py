@@ -50,7 +50,7 @@ def _naive(W: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
 
 
 def _child(variant: str, d_z: int, repeats: int) -> dict:
-    from empirics.vasae_models import anchor_loss
+    from dictcheck.empirics.vasae_models import anchor_loss
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)

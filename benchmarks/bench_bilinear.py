@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from empirics.bilinear_models import build  # noqa: E402
+from dictcheck.empirics.bilinear_models import build  # noqa: E402
 
 BATCH = 1024
 LATENTS_PER_DIM = 8

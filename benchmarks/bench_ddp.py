@@ -10,7 +10,7 @@ Setup: a synthetic activation store on disk (Gaussian rows, float32, ``--rows`` 
 of 16384 rows, memory-mapped as ``dictcheck activations`` writes them); a ``topk`` SAE (d_sae,
 k = 32, float32, aux_coef 0), global batch ``--batch`` (each of P ranks trains on batch/P rows),
 ``--steps`` steps, checkpoint only at the end. Each configuration runs the real command
-``python -m proofs_checks.cli train --data STORE ... [--nproc P]`` in a fresh process with
+``python -m dictcheck.proofs_checks.cli train --data STORE ... [--nproc P]`` in a fresh process with
 OMP_NUM_THREADS = threads per rank.
 
 Timing: from the run's own ``train_log.jsonl`` (one record every ``--log-every`` steps, with
@@ -64,7 +64,7 @@ def samples_per_s(log_path: Path, batch: int) -> float:
 
 
 def run_once(store: Path, out: Path, nproc: int, threads: int, args: argparse.Namespace) -> float:
-    cmd = [sys.executable, "-m", "proofs_checks.cli", "train", "--arch", "topk", "--k", "32",
+    cmd = [sys.executable, "-m", "dictcheck.proofs_checks.cli", "train", "--arch", "topk", "--k", "32",
            "--d-sae", str(args.d_sae), "--data", str(store), "--steps", str(args.steps),
            "--batch-size", str(args.batch), "--log-every", str(args.log_every), "--checkpoint-every", "0",
            "--device", args.device, "--out", str(out)]

@@ -37,8 +37,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_medians import fmt_e, fmt_s, machine_line, make_data, print_table, run_isolated  # noqa: E402
 
-from solvers.dnn import solve_dnn  # noqa: E402
-from solvers.wide_limit import solve_wide_limit  # noqa: E402
+from dictcheck.solvers.dnn import solve_dnn  # noqa: E402
+from dictcheck.solvers.wide_limit import solve_wide_limit  # noqa: E402
 
 DNN_SIZES = (5, 10, 20, 30, 40, 60, 80, 100, 120, 150, 200, 250, 300)
 DNN_DIM = 5

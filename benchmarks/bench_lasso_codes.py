@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from solvers.lasso_codes import exact_codes, kkt_violation  # noqa: E402
+from dictcheck.solvers.lasso_codes import exact_codes, kkt_violation  # noqa: E402
 
 
 NOTES = """Notes.

@@ -53,9 +53,9 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from solvers.median_references import geometric_median_cvxpy, huber_median_cvxpy  # noqa: E402
-from solvers.medians import geometric_median, huber_median  # noqa: E402
-from theory.huber import geometric_median_objective, huber_objective, huber_objective_gradient  # noqa: E402
+from dictcheck.solvers.median_references import geometric_median_cvxpy, huber_median_cvxpy  # noqa: E402
+from dictcheck.solvers.medians import geometric_median, huber_median  # noqa: E402
+from dictcheck.theory.huber import geometric_median_objective, huber_objective, huber_objective_gradient  # noqa: E402
 
 D_DEFAULT = 64
 SIZES = (1_000, 10_000, 100_000)

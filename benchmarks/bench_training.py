@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from empirics.sae_models import make_sae  # noqa: E402
+from dictcheck.empirics.sae_models import make_sae  # noqa: E402
 
 LAM = 5.0  # sparsity coefficient (our λ, SAELens l1_coefficient); no effect on the work per step
 

@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.atomic_files import atomic_write_bytes
-from empirics.corpus import load_corpus
-from empirics.lm_models import LoadedLM, residual_at, sha256_file
-from empirics.sae_io import dictcheck_version
+from dictcheck.empirics.atomic_files import atomic_write_bytes
+from dictcheck.empirics.corpus import load_corpus
+from dictcheck.empirics.lm_models import LoadedLM, residual_at, sha256_file
+from dictcheck.empirics.sae_io import dictcheck_version
 
 FORMAT = "dictcheck-activations"
 FORMAT_VERSION = 1

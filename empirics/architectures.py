@@ -64,17 +64,17 @@ _BSF_INITS = ("mean", "zero")
 _BILINEAR_INITS = ("none",)
 
 ARCHITECTURES: dict[str, Architecture] = {
-    **{a: Architecture(a, "sae", "empirics.sae_models", _SAE_INITS, sae_default_lr)
+    **{a: Architecture(a, "sae", "dictcheck.empirics.sae_models", _SAE_INITS, sae_default_lr)
        for a in ("relu", "topk", "batchtopk", "jumprelu", "abs")},
     # spec/bsf.md §4: Adam, lr 4e-4 (the authors' code default).
-    **{a: Architecture(a, "bsf", "empirics.bsf_models", _BSF_INITS, _constant_lr(4e-4))
+    **{a: Architecture(a, "bsf", "dictcheck.empirics.bsf_models", _BSF_INITS, _constant_lr(4e-4))
        for a in ("bsf-vanilla", "bsf-grassmann", "bsf-grouplasso")},
     # spec/bilinear.md §8: the workshop trains with Muon at lr 0.03; dictcheck uses the loop's Adam,
     # whose default here is 1e-3 (Decision).
-    **{a: Architecture(a, "bilinear", "empirics.bilinear_models", _BILINEAR_INITS, _constant_lr(1e-3))
+    **{a: Architecture(a, "bilinear", "dictcheck.empirics.bilinear_models", _BILINEAR_INITS, _constant_lr(1e-3))
        for a in ("bilinear-quadratic", "bilinear-atomic", "bilinear-compound")},
     # spec/vasae.md §1, §6: no b_dec subtraction and no median init (b_dec starts at 0); lr 1e-3 (the authors').
-    "vasae": Architecture("vasae", "vasae", "empirics.vasae_models", ("zero",), _constant_lr(1e-3)),
+    "vasae": Architecture("vasae", "vasae", "dictcheck.empirics.vasae_models", ("zero",), _constant_lr(1e-3)),
 }
 
 

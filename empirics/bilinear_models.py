@@ -63,8 +63,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from empirics.featurizer import Featurizer, FeaturizerOutput
-from theory.bilinear_lifted import DECODERS, BilinearDictionary, block_pairs, kernel_block, quadratic_term
+from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.theory.bilinear_lifted import DECODERS, BilinearDictionary, block_pairs, kernel_block, quadratic_term
 
 __all__ = ["ARCHS", "HOYER_WARMUP_STEPS", "BilinearAutoencoder", "resolve_options", "build", "hoyer_mean"]
 

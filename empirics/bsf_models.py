@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from empirics.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 
 __all__ = ["ARCHS", "GATES", "BLOCK_L0_TOL", "BlockSparseFeaturizer", "block_topk", "block_soft_threshold",
            "resolve_options", "build"]

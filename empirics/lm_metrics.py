@@ -51,10 +51,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from empirics.featurizer import Featurizer
-from empirics.lm_models import LoadedLM, replace_residual
-from empirics.metrics import fvu, mse, mse_per_element
-from empirics.vasae_models import nearest_tokens, top_tokens
+from dictcheck.empirics.featurizer import Featurizer
+from dictcheck.empirics.lm_models import LoadedLM, replace_residual
+from dictcheck.empirics.metrics import fvu, mse, mse_per_element
+from dictcheck.empirics.vasae_models import nearest_tokens, top_tokens
 
 __all__ = [
     "ALIGNED",

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from empirics.manifold_toy import ManifoldSplit
-from solvers.assignment import max_weight_matching
+from dictcheck.empirics.manifold_toy import ManifoldSplit
+from dictcheck.solvers.assignment import max_weight_matching
 
 __all__ = [
     "sae_blocks", "RecoveryResult", "recovery", "recovery_r2_matrix",

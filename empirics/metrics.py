@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from theory.objective import sae_objective, to_unit_atoms
+from dictcheck.theory.objective import sae_objective, to_unit_atoms
 
 __all__ = [
     "METRIC_NAMES",
@@ -426,7 +426,7 @@ def amortisation_gap(W: Any, Z_encoder: Any, Z_exact: Any, b: Any, X: Any, lam: 
     Theory layout: W (D, d_z), Z_* (d_z, N) ≥ 0, b (D,), X (D, N) points as COLUMNS.
     """
     if Z_exact is None:
-        from solvers.lasso_codes import exact_codes
+        from dictcheck.solvers.lasso_codes import exact_codes
 
         Wa = _as_f64(W, "W")
         Xa = _as_f64(X, "X")

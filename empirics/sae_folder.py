@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from empirics.architectures import architecture
-from empirics.featurizer import Featurizer
-from empirics.sae_io import SaeConfig, SaeFormatError, dictcheck_arch, load_sae
-from empirics.sae_models import LAM_ARCHS, SparseAutoencoder, make_sae
+from dictcheck.empirics.architectures import architecture
+from dictcheck.empirics.featurizer import Featurizer
+from dictcheck.empirics.sae_io import SaeConfig, SaeFormatError, dictcheck_arch, load_sae
+from dictcheck.empirics.sae_models import LAM_ARCHS, SparseAutoencoder, make_sae
 
 __all__ = ["load_featurizer", "load_sae_model"]
 

@@ -57,8 +57,8 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from empirics.atomic_files import fsync_dir as _fsync_dir
-from empirics.atomic_files import staged_file as _atomic_write_bytes
+from dictcheck.empirics.atomic_files import fsync_dir as _fsync_dir
+from dictcheck.empirics.atomic_files import staged_file as _atomic_write_bytes
 
 __all__ = [
     "CFG_FILE",

@@ -69,7 +69,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from empirics.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
 TOPK_FAMILY = ("topk", "batchtopk")

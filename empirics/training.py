@@ -88,14 +88,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.architectures import ARCHITECTURES, architecture
-from empirics.architectures import sae_default_lr as default_lr
-from empirics.atomic_files import atomic_write_bytes
-from empirics.distributed import World, current_world, ddp_inexactness, rank_seed
-from empirics.featurizer import Featurizer
-from empirics.metrics import reconstruction_metrics
-from empirics.sae_io import SaeConfig, save_sae
-from solvers.medians import geometric_median, huber_median
+from dictcheck.empirics.architectures import ARCHITECTURES, architecture
+from dictcheck.empirics.architectures import sae_default_lr as default_lr
+from dictcheck.empirics.atomic_files import atomic_write_bytes
+from dictcheck.empirics.distributed import World, current_world, ddp_inexactness, rank_seed
+from dictcheck.empirics.featurizer import Featurizer
+from dictcheck.empirics.metrics import reconstruction_metrics
+from dictcheck.empirics.sae_io import SaeConfig, save_sae
+from dictcheck.solvers.medians import geometric_median, huber_median
 
 __all__ = [
     "ARCHS",

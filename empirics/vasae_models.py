@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from empirics.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 
 __all__ = [
     "ANCHOR_MODES",
@@ -167,7 +167,7 @@ def _cached_embedding(source: str) -> np.ndarray:
             raise ValueError(f"anchor_source {source!r}: no such .npy file")
         E = np.load(source, allow_pickle=False)
     else:
-        from empirics.lm_models import load_lm
+        from dictcheck.empirics.lm_models import load_lm
 
         E = load_lm(source).embedding()
         E = E.detach().cpu().numpy() if isinstance(E, Tensor) else np.asarray(E)

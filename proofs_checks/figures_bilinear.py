@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from proofs_checks.figures import plt, save_figure
+from dictcheck.proofs_checks.figures import plt, save_figure
 
 __all__ = ["ProjectionPanel", "plot_latent_projections"]
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from proofs_checks.figures import plt, save_figure
+from dictcheck.proofs_checks.figures import plt, save_figure
 
 __all__ = ["plot_recovered_circle", "plot_mdl_curve"]
 

@@ -90,7 +90,7 @@ def load_all_checks() -> dict[str, Check]:
     import importlib
     import pkgutil
 
-    import proofs_checks.checks as package
+    import dictcheck.proofs_checks.checks as package
 
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{package.__name__}.{module.name}")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from empirics.atomic_files import atomic_write_bytes
+from dictcheck.empirics.atomic_files import atomic_write_bytes
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:

@@ -1,6 +1,6 @@
-"""``dictcheck run``: run the registered checks, print a PASS/FAIL table, write the report.
+"""Run the registered checks and write their results (the library behind ``dictcheck run``).
 
-Outputs in ``--out DIR``: ``results.json`` (rewritten atomically after every check, so nothing
+Outputs in the output folder: ``results.json`` (rewritten atomically after every check, so nothing
 is lost if the run dies), ``report.md`` and PNG figures under ``figures/``. The exit code is 0 only
 if every selected check passed. A check that raises is recorded with status ``error`` and the
 others still run.
@@ -8,9 +8,7 @@ others still run.
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
-import json
 import math
 import sys
 import time
@@ -18,11 +16,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from proofs_checks.errors import UserError
-from proofs_checks.registry import Check, CheckContext, load_all_checks
-from proofs_checks.report import write_json_atomic, write_report
+from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks.registry import Check, CheckContext, load_all_checks
+from dictcheck.proofs_checks.report import write_json_atomic, write_report
 
 
 def select_checks(quick: bool, only: str | None) -> list[Check]:
@@ -72,30 +68,29 @@ def run_check(check: Check, ctx: CheckContext) -> dict[str, Any]:
     return _json_safe(record)
 
 
-def _table(results: list[dict[str, Any]]) -> str:
-    width = max([len(r["id"]) for r in results] + [5])
-    lines = [f"{'check':<{width}}  status  seconds  spec", "-" * (width + 30)]
-    for r in results:
-        lines.append(f"{r['id']:<{width}}  {r['status'].upper():<6}  {r['seconds']:7.2f}  {r['spec']}")
-    n_pass = sum(r["status"] == "pass" for r in results)
-    lines.append(f"{n_pass} passed, {len(results) - n_pass} failed")
-    return "\n".join(lines)
+def run_suite(
+    checks: list[Check],
+    out: Path,
+    *,
+    seed: int = 0,
+    quick: bool = False,
+    only: str | None = None,
+    progress: bool = False,
+    announce: bool = False,
+) -> dict[str, Any]:
+    """Run ``checks`` in order and return the summary ``{"seed", "quick", "only", "results", "passed"}``.
 
+    ``out/results.json`` is rewritten atomically after every check (a crash loses nothing) and
+    ``out/report.md`` is written at the end. ``progress`` shows a tqdm bar over the checks;
+    ``announce`` prints each check's prediction to stderr before it runs.
+    """
+    from tqdm import tqdm
 
-def run(args: argparse.Namespace) -> int:
-    """Handler of ``dictcheck run``."""
-    if args.list:
-        for c in select_checks(args.quick, args.only):
-            print(f"{c.id:<36} {c.spec:<18} {c.title}")
-        return 0
-    checks = select_checks(args.quick, args.only)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = CheckContext(out_dir=out, seed=args.seed, quick=args.quick)
-    summary: dict[str, Any] = {"seed": args.seed, "quick": args.quick, "only": args.only, "results": []}
-    show_bar = not args.json and sys.stderr.isatty()
-    for check in tqdm(checks, desc="checks", unit="check", disable=not show_bar):
-        if not args.json and not show_bar:
+    ctx = CheckContext(out_dir=out, seed=seed, quick=quick)
+    summary: dict[str, Any] = {"seed": seed, "quick": quick, "only": only, "results": []}
+    for check in tqdm(checks, desc="checks", unit="check", disable=not progress):
+        if announce:
             print(f"[{check.id}] predicts: {check.predicted}", file=sys.stderr, flush=True)
         summary["results"].append(run_check(check, ctx))
         summary["passed"] = all(r["status"] == "pass" for r in summary["results"])
@@ -103,21 +98,4 @@ def run(args: argparse.Namespace) -> int:
     summary["passed"] = all(r["status"] == "pass" for r in summary["results"])
     write_json_atomic(out / "results.json", summary)
     write_report(out / "report.md", summary)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(_table(summary["results"]))
-        print(f"report: {out / 'report.md'}   results: {out / 'results.json'}")
-    return 0 if summary["passed"] else 1
-
-
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    """Register ``dictcheck run``."""
-    p = commands.add_parser("run", help="run the verification checks and write a report")
-    p.add_argument("--quick", action="store_true", help="only the quick checks (the `make run` suite)")
-    p.add_argument("--only", metavar="GLOB", help="comma-separated glob(s) of check ids, e.g. 'wide.*'")
-    p.add_argument("--out", default="dictcheck-out", metavar="DIR", help="output directory (default: dictcheck-out)")
-    p.add_argument("--seed", type=int, default=0, help="seed for every random draw (default 0)")
-    p.add_argument("--json", action="store_true", help="print results as JSON instead of the table")
-    p.add_argument("--list", action="store_true", help="list the selected checks and exit")
-    p.set_defaults(handler=run)
+    return summary

@@ -12,7 +12,7 @@ import warnings
 import cvxpy as cp
 import numpy as np
 
-from theory.block_sparse import block_wide_objective
+from dictcheck.theory.block_sparse import block_wide_objective
 
 __all__ = ["numeric_l21_prox", "solve_block_lasso"]
 

@@ -16,12 +16,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import minimize
 
-from solvers.hull_distance import HullCandidateDistances, hull_candidate_distances
-from solvers.lasso_codes import ExactCodes, exact_codes
-from solvers.medians import huber_median
-from solvers.new_atom_search import NewAtomSearchResult, best_new_atom
-from theory.certificate import certified_gap
-from theory.diagnostics import DictionaryDiagnostics, dictionary_diagnostics, residuals
+from dictcheck.solvers.hull_distance import HullCandidateDistances, hull_candidate_distances
+from dictcheck.solvers.lasso_codes import ExactCodes, exact_codes
+from dictcheck.solvers.medians import huber_median
+from dictcheck.solvers.new_atom_search import NewAtomSearchResult, best_new_atom
+from dictcheck.theory.certificate import certified_gap
+from dictcheck.theory.diagnostics import DictionaryDiagnostics, dictionary_diagnostics, residuals
 
 #: Atoms whose norm differs from 1 by more than this are reported as renormalised.
 UNIT_NORM_RTOL = 1e-12

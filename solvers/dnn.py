@@ -23,7 +23,7 @@ import cvxpy as cp
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.objective import q_program
+from dictcheck.theory.objective import q_program
 
 DEFAULT_SOLVERS: tuple[str, ...] = ("CLARABEL", "SCS")
 #: Settings run in turn for each solver; the tightest that ends "optimal" is returned. Q's accuracy

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from solvers.assignment import max_weight_matching
-from theory.form_similarity import Forms, form_gram, form_norms_sq
+from dictcheck.solvers.assignment import max_weight_matching
+from dictcheck.theory.form_similarity import Forms, form_gram, form_norms_sq
 
 __all__ = ["FormMatching", "match_forms"]
 

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.linalg import cho_factor, cho_solve
 
-from theory.diagnostics import (
+from dictcheck.theory.diagnostics import (
     active_sets,
     clean_codes,
     correlations,
@@ -29,7 +29,7 @@ from theory.diagnostics import (
     residuals,
     unit_atom_norm_check,
 )
-from theory.objective import centred
+from dictcheck.theory.objective import centred
 
 
 @dataclass(frozen=True, eq=False)

@@ -50,7 +50,7 @@ import cvxpy as cp
 import numpy as np
 from numpy.typing import NDArray
 
-from theory.huber import geometric_median_objective, huber_objective
+from dictcheck.theory.huber import geometric_median_objective, huber_objective
 
 REFERENCE_SOLVER = "CLARABEL"
 DEFAULT_TOLERANCES: tuple[float, ...] = (1e-12, 1e-11, 1e-10, 1e-9, 1e-8)

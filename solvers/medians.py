@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from theory.huber import huber_objective_hessian
+from dictcheck.theory.huber import huber_objective_hessian
 
 
 _MAX_NEWTON_DIM = 512

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.diagnostics import new_atom_codes
+from dictcheck.theory.diagnostics import new_atom_codes
 
 
 @dataclass(frozen=True, eq=False)

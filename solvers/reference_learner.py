@@ -38,8 +38,8 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, minres
 
-from theory.diagnostics import active_sets, correlations, kkt_violation, residuals
-from theory.objective import centred, ridge_decoder, sae_objective, to_balanced, to_unit_atoms
+from dictcheck.theory.diagnostics import active_sets, correlations, kkt_violation, residuals
+from dictcheck.theory.objective import centred, ridge_decoder, sae_objective, to_balanced, to_unit_atoms
 
 #: Added to every balanced initial code (spec §2.2, zero-row trap).
 INIT_OFFSET = 1e-3

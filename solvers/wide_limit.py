@@ -25,10 +25,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import sparse
 
-from solvers.medians import huber_median
-from theory.certificate import certified_gap
-from theory.objective import centred
-from theory.wide_limit import wide_optimum_at_bias
+from dictcheck.solvers.medians import huber_median
+from dictcheck.theory.certificate import certified_gap
+from dictcheck.theory.objective import centred
+from dictcheck.theory.wide_limit import wide_optimum_at_bias
 
 DEFAULT_RAY_TOL = 1e-6
 

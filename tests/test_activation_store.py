@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics import activation_store, corpus
-from empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
-from empirics.lm_models import load_lm
+from dictcheck.empirics import activation_store, corpus
+from dictcheck.empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
+from dictcheck.empirics.lm_models import load_lm
 
 N, CONTEXT, SHARD = 300, 16, 128  # 300 rows in shards of 128, 128, 44; 15 rows per window
 

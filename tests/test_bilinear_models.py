@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics.bilinear_models import ARCHS, HOYER_WARMUP_STEPS, build, hoyer_mean, resolve_options
-from empirics.sae_folder import load_featurizer
-from empirics.sae_io import SaeConfig, load_sae, save_sae
-from theory.bilinear_lifted import (
+from dictcheck.empirics.bilinear_models import ARCHS, HOYER_WARMUP_STEPS, build, hoyer_mean, resolve_options
+from dictcheck.empirics.sae_folder import load_featurizer
+from dictcheck.empirics.sae_io import SaeConfig, load_sae, save_sae
+from dictcheck.theory.bilinear_lifted import (
     BilinearDictionary,
     block_pairs,
     hoyer_density,
@@ -411,7 +411,7 @@ def test_ordered_loss_equals_mean_over_prefixes(prior, decoder):
 # ----------------------------------------------------------------------------- the shared training loop
 @pytest.mark.parametrize("arch,opts", MODEL_VARIANTS)
 def test_trains_and_saves_through_the_shared_loop(arch, opts, tmp_path):
-    from empirics.training import TrainConfig, train
+    from dictcheck.empirics.training import TrainConfig, train
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 5)) @ rng.normal(size=(5, 5))

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers.block_lasso import numeric_l21_prox, solve_block_lasso
-from theory.block_sparse import (
+from dictcheck.solvers.block_lasso import numeric_l21_prox, solve_block_lasso
+from dictcheck.theory.block_sparse import (
     block_norms,
     block_soft_threshold,
     block_topk,
@@ -22,7 +22,7 @@ from theory.block_sparse import (
     orthonormal_block_code,
     orthonormal_block_value,
 )
-from theory.huber import huber, per_point_bound_attainer
+from dictcheck.theory.huber import huber, per_point_bound_attainer
 
 SOLVER_TOL = 1e-6  # the cvxpy/Clarabel references of solvers.block_lasso (1e-9, then 1e-10)
 seeds = st.integers(0, 2**32 - 1)

@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics.architectures import architecture
-from empirics.bsf_models import ARCHS, BlockGateFn, BlockSparseFeaturizer, build, resolve_options
-from empirics.featurizer import FeaturizerOutput
-from theory.block_sparse import block_soft_threshold as np_soft_threshold
-from theory.block_sparse import block_topk as np_topk
+from dictcheck.empirics.architectures import architecture
+from dictcheck.empirics.bsf_models import ARCHS, BlockGateFn, BlockSparseFeaturizer, build, resolve_options
+from dictcheck.empirics.featurizer import FeaturizerOutput
+from dictcheck.theory.block_sparse import block_soft_threshold as np_soft_threshold
+from dictcheck.theory.block_sparse import block_topk as np_topk
 
 D, N_B, Q, K = 6, 4, 2, 2
 F64 = torch.float64
@@ -351,8 +351,8 @@ def test_firing_metrics_count_dead_blocks():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_training_loop_saves_a_loadable_folder(arch, tmp_path):
     """empirics.training.train drives the BSF; the saved folder reloads into an identical model."""
-    from empirics.sae_io import load_sae
-    from empirics.training import TrainConfig, train
+    from dictcheck.empirics.sae_io import load_sae
+    from dictcheck.empirics.training import TrainConfig, train
 
     X = np.random.default_rng(0).normal(size=(64, D))
     cfg = TrainConfig(arch=arch, d_sae=N_B * Q, k=K if arch != "bsf-grouplasso" else None,

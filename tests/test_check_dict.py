@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from empirics.toy_data import make_toy
-from proofs_checks.cli import main
-from solvers.reference_learner import fit_reference
+from dictcheck.empirics.toy_data import make_toy
+from dictcheck.proofs_checks.cli import main
+from dictcheck.solvers.reference_learner import fit_reference
 
 KEYS = {"kkt_violation", "stationarity_violation", "hull_violation", "bias_identity_violation", "firing_fraction",
         "antipode_gain", "nested_pairs", "stationary"}
@@ -84,7 +84,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, W, X, extra, message) -
     np.save(tmp_path / "bias_short.npy", np.zeros(2))
     extra = [e.format(bias_inf=tmp_path / "bias_inf.npy", bias_short=tmp_path / "bias_short.npy") for e in extra]
     lam = [] if "--lam" in extra else ["--lam", "0.1"]
-    proc = subprocess.run([sys.executable, "-m", "proofs_checks.cli", "check-dict", "--dict", str(tmp_path / "W.npy"),
+    proc = subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", "check-dict", "--dict", str(tmp_path / "W.npy"),
                            "--data", str(tmp_path / "X.npy"), *lam, *extra], capture_output=True, text=True)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

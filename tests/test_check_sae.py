@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.sae_io import SaeConfig, save_sae
-from empirics.sae_models import make_sae
-from empirics.toy_data import make_toy
-from proofs_checks.cli import main
-from solvers.reference_learner import fit_reference
+from dictcheck.empirics.sae_io import SaeConfig, save_sae
+from dictcheck.empirics.sae_models import make_sae
+from dictcheck.empirics.toy_data import make_toy
+from dictcheck.proofs_checks.cli import main
+from dictcheck.solvers.reference_learner import fit_reference
 
 
 def _save(tmp: Path, arch: str, W_dec: np.ndarray, b_dec: np.ndarray, lam: float, k: int | None = None) -> Path:
@@ -78,6 +78,6 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, toy_and_fit) -> None:
         [str(folder), "--data", str(tmp_path / "wrongD.npy"), "--lam", "-1"],
     ]
     for argv in cases:
-        proc = subprocess.run([sys.executable, "-m", "proofs_checks.cli", "check-sae", *argv], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", "check-sae", *argv], capture_output=True, text=True)
         assert proc.returncode == 2, (argv, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proofs_checks import registry
-from proofs_checks.cli import main
+from dictcheck.proofs_checks import registry
+from dictcheck.proofs_checks.cli import main
 
 C3 = np.array([(0, 0), (0.1, 0.05), (-0.05, 0.1), (3.0, 0.2), (2.5, 2.0), (-2.0, 1.0)], dtype=float)
 
@@ -76,7 +76,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, make: np.ndarray | None
     if make is not None:
         np.save(f, make)
     argv = [a.format(tmp=tmp_path, f=f) for a in args]
-    proc = subprocess.run([sys.executable, "-m", "proofs_checks.cli", "solve", "huber-median", *argv],
+    proc = subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", "solve", "huber-median", *argv],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stdout == ""

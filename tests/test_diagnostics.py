@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
-from solvers.hull_distance import HULL_CANDIDATES, hull_candidate_distances, hull_distance
-from solvers.new_atom_search import best_new_atom, refine_atom
-from theory.diagnostics import (
+from dictcheck.solvers.hull_distance import HULL_CANDIDATES, hull_candidate_distances, hull_distance
+from dictcheck.solvers.new_atom_search import best_new_atom, refine_atom
+from dictcheck.theory.diagnostics import (
     DiagnosticTolerances,
     active_sets,
     antipode_gains,

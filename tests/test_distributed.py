@@ -18,12 +18,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics.activation_store import FORMAT, MANIFEST, open_activations
-from empirics.distributed import World, ddp_inexactness, rank_seed
-from empirics.sae_io import load_sae
-from empirics.training import TrainConfig, train
-from proofs_checks.cli import build_parser, main
-from proofs_checks.cmd_train import _root_failure, _worker_argv
+from dictcheck.empirics.activation_store import FORMAT, MANIFEST, open_activations
+from dictcheck.empirics.distributed import World, ddp_inexactness, rank_seed
+from dictcheck.empirics.sae_io import load_sae
+from dictcheck.empirics.training import TrainConfig, train
+from dictcheck.proofs_checks.cli import build_parser, main
+from dictcheck.proofs_checks.cli.train import _root_failure, _worker_argv
 
 REPO = Path(__file__).resolve().parents[1]
 #: Per-rank batch 16, global batch 32; float64 makes the DDP/one-process comparison tight.
@@ -58,7 +58,7 @@ def _cli_args(data: Path, out: Path) -> list[str]:
 
 
 def _launch(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proofs_checks.cli", *args, "--nproc", "2"], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", *args, "--nproc", "2"], cwd=REPO,
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 

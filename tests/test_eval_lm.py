@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from empirics.sae_io import SaeConfig, save_sae
-from proofs_checks import cmd_eval_lm
-from proofs_checks.errors import UserError
+from dictcheck.empirics.sae_io import SaeConfig, save_sae
+from dictcheck.proofs_checks.cli import eval_lm as cmd_eval_lm
+from dictcheck.proofs_checks.errors import UserError
 
 torch.set_num_threads(1)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.architectures import ARCHITECTURES, architecture, family_of
-from empirics.featurizer import Featurizer, FeaturizerOutput
-from empirics.training import ARCHS, TrainConfig, train
+from dictcheck.empirics.architectures import ARCHITECTURES, architecture, family_of
+from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.training import ARCHS, TrainConfig, train
 
 
 class _Recorder(Featurizer):

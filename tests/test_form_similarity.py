@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers.form_matching import match_forms
-from theory.form_similarity import form_gram, form_norms_sq, subspace_similarity
-from theory.quadric_geometry import FactoredForms
+from dictcheck.solvers.form_matching import match_forms
+from dictcheck.theory.form_similarity import form_gram, form_norms_sq, subspace_similarity
+from dictcheck.theory.quadric_geometry import FactoredForms
 
 PRIORS = ("quadratic", "atomic", "compound")
 

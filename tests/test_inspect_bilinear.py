@@ -1,4 +1,4 @@
-"""``dictcheck inspect-bilinear`` (proofs_checks/cmd_inspect_bilinear.py)."""
+"""``dictcheck inspect-bilinear`` (proofs_checks/cli/inspect_bilinear.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.bilinear_models import build
-from empirics.sae_io import SaeConfig, save_sae
-from proofs_checks import cmd_inspect_bilinear
-from proofs_checks.cli import OneLineParser, main
-from theory.quadric_geometry import FactoredForms, readout
+from dictcheck.empirics.bilinear_models import build
+from dictcheck.empirics.sae_io import SaeConfig, save_sae
+from dictcheck.proofs_checks.cli import inspect_bilinear as cmd_inspect_bilinear
+from dictcheck.proofs_checks.cli import OneLineParser, main
+from dictcheck.theory.quadric_geometry import FactoredForms, readout
 
 
 def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     """cli.main with inspect-bilinear registered (the lead adds it to cli.build_parser)."""
-    from proofs_checks import cli
+    from dictcheck.proofs_checks import cli
 
     original = cli.build_parser
 

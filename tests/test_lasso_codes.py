@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers.lasso_codes import ExactCodes, exact_codes, kkt_violation
-from theory.objective import sae_objective
+from dictcheck.solvers.lasso_codes import ExactCodes, exact_codes, kkt_violation
+from dictcheck.theory.objective import sae_objective
 
 seeds = st.integers(0, 2**32 - 1)
 TOL = 1e-8

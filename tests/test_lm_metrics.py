@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.lm_metrics import alignment_metrics, ce_and_kl, feature_names, next_token_logp, splice_metrics
-from empirics.lm_models import lm_loss, load_lm
-from empirics.vasae_models import make_vasae
+from dictcheck.empirics.lm_metrics import alignment_metrics, ce_and_kl, feature_names, next_token_logp, splice_metrics
+from dictcheck.empirics.lm_models import lm_loss, load_lm
+from dictcheck.empirics.vasae_models import make_vasae
 
 torch.set_num_threads(1)
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from empirics import lm_models
-from empirics.lm_models import capture_residual, lm_loss, load_lm, replace_residual, residual_at
+from dictcheck.empirics import lm_models
+from dictcheck.empirics.lm_models import capture_residual, lm_loss, load_lm, replace_residual, residual_at
 
 
 @pytest.fixture(scope="session")

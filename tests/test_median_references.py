@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solvers.median_references import geometric_median_cvxpy, huber_median_cvxpy
-from solvers.medians import geometric_median, huber_median
+from dictcheck.solvers.median_references import geometric_median_cvxpy, huber_median_cvxpy
+from dictcheck.solvers.medians import geometric_median, huber_median
 
 OBJ_RTOL = 1e-7
 B_ATOL = 1e-5

@@ -13,8 +13,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from empirics import metrics as M
-from solvers.lasso_codes import exact_codes
+from dictcheck.empirics import metrics as M
+from dictcheck.solvers.lasso_codes import exact_codes
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from theory.bilinear_lifted import BilinearDictionary
-from theory.quadric_geometry import (
+from dictcheck.theory.bilinear_lifted import BilinearDictionary
+from dictcheck.theory.quadric_geometry import (
     TAU_EIG,
     FactoredForms,
     captured_fraction,

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics.quadric_toy import SHAPE_DIM, SHAPE_LABEL, make_quadric_toy
-from theory.quadric_geometry import readout
+from dictcheck.empirics.quadric_toy import SHAPE_DIM, SHAPE_LABEL, make_quadric_toy
+from dictcheck.theory.quadric_geometry import readout
 
 
 @settings(max_examples=10, deadline=None)
@@ -77,7 +77,7 @@ def test_bad_parameters(kwargs: dict, match: str) -> None:
 
 def test_lift_metrics_of_the_checks_on_the_toy() -> None:
     """The two lifted-space references of proofs_checks/checks/bilinear.py against explicit lifts."""
-    from proofs_checks.checks.bilinear import lifted_nmse_of_reconstruction, lifted_pca_floor
+    from dictcheck.proofs_checks.checks.bilinear import lifted_nmse_of_reconstruction, lifted_pca_floor
 
     rows = make_quadric_toy(seed=2, N=200, D=9, shapes=["circle", "hyperboloid"]).rows
     T = np.einsum("ni,nj->nij", rows, rows).reshape(200, -1)
@@ -93,7 +93,7 @@ def test_lift_metrics_of_the_checks_on_the_toy() -> None:
 
 
 def test_bilinear_check_protocol_helpers():
-    from proofs_checks.checks.bilinear import _decoder_rank_bound, _training_objective
+    from dictcheck.proofs_checks.checks.bilinear import _decoder_rank_bound, _training_objective
 
     class _Model:
         hoyer_coef = 0.3

@@ -14,17 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics.toy_data import dense_feature, independent_features, parent_child
-from solvers.reference_learner import (
+from dictcheck.empirics.toy_data import dense_feature, independent_features, parent_child
+from dictcheck.solvers.reference_learner import (
     ReferenceFit,
     fit_reference,
     fit_residuals,
     reduced_hvp,
     reduced_objective,
 )
-from solvers.medians import huber_median as solve_huber_median
-from theory.huber import huber_objective, huber_objective_gradient
-from theory.objective import sae_objective, scaled_objective
+from dictcheck.solvers.medians import huber_median as solve_huber_median
+from dictcheck.theory.huber import huber_objective, huber_objective_gradient
+from dictcheck.theory.objective import sae_objective, scaled_objective
 
 STAT_TOL = 1e-8  # spec §2.2: the reference learner reaches stationarity to about 1e-8
 
@@ -400,8 +400,8 @@ TABLE_51 = {  # λ: {p: (b*, mean objective)}  spec/theory.md §5.1, a = 2, N = 
 
 @pytest.mark.parametrize("lam,p", [(lam, p) for lam, row in TABLE_51.items() for p in row])
 def test_dense_scalar_table(lam, p):
-    from empirics.toy_data import dense_scalar
-    from theory.dense_scalar import dense_scalar_optimum
+    from dictcheck.empirics.toy_data import dense_scalar
+    from dictcheck.theory.dense_scalar import dense_scalar_optimum
 
     toy = dense_scalar(p=p, lam=lam)
     plus = p < 0.5

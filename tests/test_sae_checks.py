@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from proofs_checks.registry import CheckContext, load_all_checks
+from dictcheck.proofs_checks.registry import CheckContext, load_all_checks
 
 SAE_IDS = ("sae.antipodal_threshold", "sae.wide_limit", "sae.absorption_vs_width", "sae.amortisation_gap")
 
@@ -57,7 +57,7 @@ def test_wide_limit_records_its_measurements(registry, ctx):
 
 def test_antipodal_reduced_relu(ctx):
     """A reduced run of the slow check's table: relu only, one p on either side of 1/2."""
-    from proofs_checks.checks.sae import antipodal_table
+    from dictcheck.proofs_checks.checks.sae import antipodal_table
 
     rows = antipodal_table(ctx, p_grid=(0.3, 0.7), archs=("relu",), steps=600)
     by_p = {r["p"]: r for r in rows}

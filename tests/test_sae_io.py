@@ -11,8 +11,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from empirics import sae_io
-from empirics.sae_io import (
+from dictcheck.empirics import sae_io
+from dictcheck.empirics.sae_io import (
     CFG_FILE,
     METRICS_FILE,
     SPARSITY_FILE,

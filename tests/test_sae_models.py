@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.featurizer import FeaturizerOutput
-from empirics.sae_models import ARCHS, JumpReLUFn, SparseAutoencoder, StepFn, make_sae
-from theory.objective import sae_objective
+from dictcheck.empirics.featurizer import FeaturizerOutput
+from dictcheck.empirics.sae_models import ARCHS, JumpReLUFn, SparseAutoencoder, StepFn, make_sae
+from dictcheck.theory.objective import sae_objective
 
 D_IN, D_SAE, B = 8, 24, 16
 

@@ -6,10 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers.hull_distance import hull_candidate_distances
-from solvers.reference_learner import fit_reference
-from theory.diagnostics import dictionary_diagnostics
-from theory.huber import huber_objective
+from dictcheck.solvers.hull_distance import hull_candidate_distances
+from dictcheck.solvers.reference_learner import fit_reference
+from dictcheck.theory.diagnostics import dictionary_diagnostics
+from dictcheck.theory.huber import huber_objective
 
 TOL = 1e-7
 

@@ -8,17 +8,17 @@ import scipy.special
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from theory.certificate import cert_ratio, certificate_matrix, certificate_slack, certified_gap
-from theory.dense_scalar import dense_scalar_optimum
-from theory.huber import (
+from dictcheck.theory.certificate import cert_ratio, certificate_matrix, certificate_slack, certified_gap
+from dictcheck.theory.dense_scalar import dense_scalar_optimum
+from dictcheck.theory.huber import (
     huber, huber_objective, huber_objective_gradient, huber_objective_hessian, per_point_bound_attainer,
 )
-from theory.objective import (
+from dictcheck.theory.objective import (
     centred, q_program, q_program_gradient, q_residuals, ridge_decoder, sae_objective, scaled_objective,
     to_balanced, to_unit_atoms,
 )
-from theory.symbolic import am_gm_rescaling, dense_scalar_bias, huber_piecewise_minimum
-from theory.wide_limit import diagonal_q_program_value, wide_optimum_at_bias
+from dictcheck.theory.symbolic import am_gm_rescaling, dense_scalar_bias, huber_piecewise_minimum
+from dictcheck.theory.wide_limit import diagonal_q_program_value, wide_optimum_at_bias
 
 seeds = st.integers(0, 2**32 - 1)
 lams = st.floats(0.05, 3.0)

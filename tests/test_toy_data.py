@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics.toy_data import (
+from dictcheck.empirics.toy_data import (
     TOYS,
     Toy,
     clusters,
@@ -23,9 +23,9 @@ from empirics.toy_data import (
     rays,
     rays_reference,
 )
-from solvers.medians import huber_median as solve_huber_median
-from theory.dense_scalar import dense_scalar_optimum
-from theory.huber import huber_objective, huber_objective_gradient
+from dictcheck.solvers.medians import huber_median as solve_huber_median
+from dictcheck.theory.dense_scalar import dense_scalar_optimum
+from dictcheck.theory.huber import huber_objective, huber_objective_gradient
 
 RANDOM_TOYS = ["independent_features", "parent_child", "dense_feature", "rank_one", "clusters"]
 DETERMINISTIC_TOYS = ["rays", "rays_reference", "crowded_median"]

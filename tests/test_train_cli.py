@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from empirics.sae_io import load_sae
-from proofs_checks.cli import main
+from dictcheck.empirics.sae_io import load_sae
+from dictcheck.proofs_checks.cli import main
 
 
 def test_train_on_a_toy_then_check_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,7 +37,7 @@ def test_train_on_a_toy_then_check_it(tmp_path: Path, capsys: pytest.CaptureFixt
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, extra: list[str], message: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "proofs_checks.cli", "train", "--arch", "topk", "--k", "1",
+    proc = subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", "train", "--arch", "topk", "--k", "1",
                            "--d-sae", "2", "--out", str(tmp_path / "o"), *extra], capture_output=True, text=True)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from empirics.sae_io import load_metrics, load_sae, load_sparsity
-from empirics.training import (
+from dictcheck.empirics.sae_io import load_metrics, load_sae, load_sparsity
+from dictcheck.empirics.training import (
     CHECKPOINT_DIR,
     LOG_FILE,
     TrainConfig,
@@ -202,7 +202,7 @@ def test_progress_line_when_not_a_tty(tmp_path, capsys):
 
 
 def test_dead_latents_tracked_and_fed_to_auxk(tmp_path):
-    from empirics.sae_models import make_sae
+    from dictcheck.empirics.sae_models import make_sae
 
     def factory(*args, **kwargs):  # latents 16.. can never fire (and get no gradient)
         m = make_sae(*args, **kwargs)
@@ -263,7 +263,7 @@ def test_resume_in_process_from_middle_checkpoint(tmp_path):
 _CHILD = """
 import json, sys, time
 import numpy as np
-from empirics.training import TrainConfig, train
+from dictcheck.empirics.training import TrainConfig, train
 X = np.load(sys.argv[1])
 cfg = TrainConfig(**json.loads(sys.argv[2]))
 train(X, cfg, sys.argv[3], progress=False, on_step=lambda s: time.sleep(0.01))

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics.vasae_models import (
+from dictcheck.empirics.vasae_models import (
     ANCHOR_TOPK,
     anchor_loss,
     build,
@@ -101,7 +101,7 @@ def test_default_chunk_keeps_block_under_256_mb() -> None:
 def test_chunk_budget_uses_the_dtype_of_the_cosine_block(monkeypatch) -> None:
     """The block W_hat @ E_hatᵀ is in W's dtype (E is cast to it), so a float64 W against a float32 E
     must be chunked by 8-byte entries, else the block is twice the §3 budget."""
-    import empirics.vasae_models as vm
+    import dictcheck.empirics.vasae_models as vm
 
     seen: list[int] = []
     real = vm.default_chunk
@@ -252,8 +252,8 @@ def test_train_save_and_reload_through_the_loop(tmp_path) -> None:
     """empirics.training.train drives vasae (needs the 'vasae' entry of empirics.architectures)."""
     import json
 
-    from empirics.sae_folder import load_featurizer
-    from empirics.training import TrainConfig, train
+    from dictcheck.empirics.sae_folder import load_featurizer
+    from dictcheck.empirics.training import TrainConfig, train
 
     rng = np.random.default_rng(0)
     E = rng.standard_normal((40, 6)).astype(np.float32)

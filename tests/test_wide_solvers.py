@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from empirics.toy_data import make_toy
-from solvers.dnn import DNNSolveError, solve_dnn
-from solvers.wide_limit import cluster_rays, solve_wide_limit
-from theory.certificate import cert_ratio
-from theory.huber import huber_objective
-from theory.objective import centred, q_residuals, sae_objective
+from dictcheck.empirics.toy_data import make_toy
+from dictcheck.solvers.dnn import DNNSolveError, solve_dnn
+from dictcheck.solvers.wide_limit import cluster_rays, solve_wide_limit
+from dictcheck.theory.certificate import cert_ratio
+from dictcheck.theory.huber import huber_objective
+from dictcheck.theory.objective import centred, q_residuals, sae_objective
 
 seeds = st.integers(0, 2**32 - 1)
 

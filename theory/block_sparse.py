@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.huber import huber
+from dictcheck.theory.huber import huber
 
 __all__ = [
     "NORM_CLAMP",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.huber import huber_objective, huber_objective_gradient, point_distances
+from dictcheck.theory.huber import huber_objective, huber_objective_gradient, point_distances
 
 
 def certificate_matrix(R: NDArray, lam: float) -> NDArray[np.float64]:

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.certificate import cert_ratio
-from theory.objective import centred, sae_objective
+from dictcheck.theory.certificate import cert_ratio
+from dictcheck.theory.objective import centred, sae_objective
 
 #: Relative factor of the default activity threshold τ_act = ACTIVITY_RTOL · max z (spec §1).
 ACTIVITY_RTOL = 1e-6

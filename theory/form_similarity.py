@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.quadric_geometry import FactoredForms, symmetrise
+from dictcheck.theory.quadric_geometry import FactoredForms, symmetrise
 
 __all__ = ["form_gram", "form_norms_sq", "subspace_similarity"]
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.bilinear_lifted import BilinearDictionary
+from dictcheck.theory.bilinear_lifted import BilinearDictionary
 
 __all__ = [
     "TAU_EIG",

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from theory.huber import huber
-from theory.objective import centred
+from dictcheck.theory.huber import huber
+from dictcheck.theory.objective import centred
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from empirics.toy_data import make_toy
-from proofs_checks.figures import plot_threshold_1d
-from proofs_checks.registry import CheckContext, Outcome, check
-from solvers.wide_limit import solve_wide_limit
-from theory.dense_scalar import dense_scalar_optimum
-from theory.symbolic import dense_scalar_bias
+from dictcheck.empirics.toy_data import make_toy
+from dictcheck.proofs_checks.figures import plot_threshold_1d
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.solvers.wide_limit import solve_wide_limit
+from dictcheck.theory.dense_scalar import dense_scalar_optimum
+from dictcheck.theory.symbolic import dense_scalar_bias
 
 # Spec §5.1 deterministic table (a = 2, N = 1000): λ → p → (b*, mean objective)
 _SPEC_TABLE = {

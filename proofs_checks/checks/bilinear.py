@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.bilinear_models import build as build_bilinear
-from empirics.bilinear_models import hoyer_mean
-from empirics.quadric_toy import QuadricToy, make_quadric_toy
-from empirics.training import TrainConfig, torch_threads, train
-from proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
-from proofs_checks.registry import CheckContext, Outcome, check
-from solvers.form_matching import match_forms
-from theory.bilinear_lifted import (
+from dictcheck.empirics.bilinear_models import build as build_bilinear
+from dictcheck.empirics.bilinear_models import hoyer_mean
+from dictcheck.empirics.quadric_toy import QuadricToy, make_quadric_toy
+from dictcheck.empirics.training import TrainConfig, torch_threads, train
+from dictcheck.proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.solvers.form_matching import match_forms
+from dictcheck.theory.bilinear_lifted import (
     BilinearDictionary,
     hoyer_density,
     kernel_lifted_loss,
@@ -38,8 +38,8 @@ from theory.bilinear_lifted import (
     naive_lifted_loss,
     normalise_tokens,
 )
-from theory.form_similarity import subspace_similarity
-from theory.quadric_geometry import FactoredForms, LatentGeometry, readout
+from dictcheck.theory.form_similarity import subspace_similarity
+from dictcheck.theory.quadric_geometry import FactoredForms, LatentGeometry, readout
 
 # ------------------------------------------------------------------------------------------------
 # Training protocol, the same for every model of every training check (each prior, the TopK SAE

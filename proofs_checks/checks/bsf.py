@@ -4,7 +4,7 @@
   sampled and against evenly spaced angles.
 * ``bsf.recovery`` (full suite): the §6 recovery table of the three BSF variants and the TopK SAE on
   the §5 benchmark, trained with the project loop (sizes and training in
-  :data:`proofs_checks.cmd_bench_manifolds.DEFAULT`, except that the slow q = 1 baseline is left to
+  :data:`proofs_checks.cli.bench_manifolds.DEFAULT`, except that the slow q = 1 baseline is left to
   ``dictcheck bench-manifolds``).
 * ``bsf.mdl_block_dim`` (full suite): §7 MDL of Vanilla BSFs over block sizes on benchmarks with a
   single planted linear dimension n ∈ {2, 3, 4}. Every (n, q) model is the best of
@@ -23,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import sympy as sp
 
-from empirics.manifold_metrics import (
+from dictcheck.empirics.manifold_metrics import (
     best_direction_fraction,
     nonnegative_atom_r2,
     normalised_cov_eigenvalues,
     orthonormal_codes,
     recovery,
 )
-from empirics.manifold_toy import ManifoldBenchmark, make_manifold_benchmark, planted_config, sample_manifold
-from proofs_checks.cmd_bench_manifolds import (
+from dictcheck.empirics.manifold_toy import ManifoldBenchmark, make_manifold_benchmark, planted_config, sample_manifold
+from dictcheck.proofs_checks.cli.bench_manifolds import (
     DEFAULT,
     MDL_BLOCK_SIZES,
     BenchSettings,
@@ -41,9 +41,9 @@ from proofs_checks.cmd_bench_manifolds import (
     prepare,
     recovery_table,
 )
-from proofs_checks.figures_bsf import plot_mdl_curve, plot_recovered_circle
-from proofs_checks.registry import CheckContext, Outcome, check
-from theory.symbolic import analytic_best_direction_fraction, analytic_nonnegative_circle_r2
+from dictcheck.proofs_checks.figures_bsf import plot_mdl_curve, plot_recovered_circle
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.theory.symbolic import analytic_best_direction_fraction, analytic_nonnegative_circle_r2
 
 HALF_VARIANCE_N = 100_000
 HALF_VARIANCE_TOL = 0.01

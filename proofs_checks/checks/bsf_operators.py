@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.bsf_models import build
-from empirics.training import TrainConfig, torch_threads, train
-from proofs_checks.registry import CheckContext, Outcome, check
-from solvers.block_lasso import numeric_l21_prox, solve_block_lasso
-from theory.block_sparse import (
+from dictcheck.empirics.bsf_models import build
+from dictcheck.empirics.training import TrainConfig, torch_threads, train
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.solvers.block_lasso import numeric_l21_prox, solve_block_lasso
+from dictcheck.theory.block_sparse import (
     block_soft_threshold,
     block_wide_bound,
     block_wide_objective,

@@ -6,14 +6,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from empirics.toy_data import Toy, make_toy
-from proofs_checks.figures import plot_absorption, plot_firing_against_p
-from proofs_checks.registry import CheckContext, Outcome, check
-from solvers.hull_distance import HULL_CANDIDATES, hull_candidate_distances
-from solvers.lasso_codes import exact_codes
-from solvers.reference_learner import ReferenceFit, fit_reference
-from theory.diagnostics import DictionaryDiagnostics, dictionary_diagnostics, most_antipodal_pair
-from theory.huber import huber_objective
+from dictcheck.empirics.toy_data import Toy, make_toy
+from dictcheck.proofs_checks.figures import plot_absorption, plot_firing_against_p
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.solvers.hull_distance import HULL_CANDIDATES, hull_candidate_distances
+from dictcheck.solvers.lasso_codes import exact_codes
+from dictcheck.solvers.reference_learner import ReferenceFit, fit_reference
+from dictcheck.theory.diagnostics import DictionaryDiagnostics, dictionary_diagnostics, most_antipodal_pair
+from dictcheck.theory.huber import huber_objective
 
 STATIONARY_TOL = 1e-8
 PERTURBATION = 0.05

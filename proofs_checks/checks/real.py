@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
-from empirics.atomic_files import atomic_write_bytes
-from empirics.training import TrainConfig, TrainResult, torch_threads, train
-from proofs_checks.cmd_check_sae import ANTIPODAL_COSINE, antipodal_pairs, sae_report
-from proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
+from dictcheck.empirics.atomic_files import atomic_write_bytes
+from dictcheck.empirics.training import TrainConfig, TrainResult, torch_threads, train
+from dictcheck.proofs_checks.cli.check_sae import ANTIPODAL_COSINE, antipodal_pairs, sae_report
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 
 MODEL = "smollm2"
 LAYER = 10
@@ -88,7 +88,7 @@ def real_data() -> RealData:
     root = Path(tempfile.gettempdir()) / "dictcheck-real" / f"{MODEL}_L{LAYER}_T{N_TOKENS}_c{CONTEXT}_s{EXTRACT_SEED}"
     act, emb, counts = root / "activations", root / "embedding.npy", root / "token_counts.npy"
     if not (is_activation_dir(act) and emb.is_file() and counts.is_file()):
-        from empirics.lm_models import load_lm
+        from dictcheck.empirics.lm_models import load_lm
 
         lm = load_lm(MODEL)
         root.mkdir(parents=True, exist_ok=True)

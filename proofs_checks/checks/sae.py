@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.metrics import amortisation_gap, unit_atom_objective
-from empirics.sae_models import make_sae
-from empirics.toy_data import make_toy
-from empirics.training import TrainConfig, torch_threads, train
-from proofs_checks.figures import plot_antipodal_against_p
-from proofs_checks.registry import CheckContext, Outcome, check
-from solvers.lasso_codes import exact_codes
-from solvers.wide_limit import solve_wide_limit
-from theory.diagnostics import dictionary_diagnostics, most_antipodal_pair, nested_pairs
-from theory.objective import sae_objective
+from dictcheck.empirics.metrics import amortisation_gap, unit_atom_objective
+from dictcheck.empirics.sae_models import make_sae
+from dictcheck.empirics.toy_data import make_toy
+from dictcheck.empirics.training import TrainConfig, torch_threads, train
+from dictcheck.proofs_checks.figures import plot_antipodal_against_p
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.solvers.lasso_codes import exact_codes
+from dictcheck.solvers.wide_limit import solve_wide_limit
+from dictcheck.theory.diagnostics import dictionary_diagnostics, most_antipodal_pair, nested_pairs
+from dictcheck.theory.objective import sae_objective
 
 #: Fixed training settings (chosen once, not tuned): Adam with the loop's warm-up/decay schedule,
 #: float64 (tiny toys; removes float32 noise from objective comparisons), batches as large as the toy.

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.lm_metrics import alignment_metrics
-from empirics.metrics import fvu
-from empirics.training import TrainResult
-from proofs_checks.checks.real import BATCH, D_SAE, LAYER, STEPS, real_data, train_real
-from proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.empirics.lm_metrics import alignment_metrics
+from dictcheck.empirics.metrics import fvu
+from dictcheck.empirics.training import TrainResult
+from dictcheck.proofs_checks.checks.real import BATCH, D_SAE, LAYER, STEPS, real_data, train_real
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 
 K = 32
 LR = 1e-3

@@ -6,17 +6,17 @@ import itertools
 
 import numpy as np
 
-from empirics.toy_data import make_toy
-from proofs_checks.figures import plot_wide_limit_2d
-from proofs_checks.registry import CheckContext, Outcome, check
-from solvers.dnn import solve_dnn
-from solvers.medians import geometric_median, huber_median
-from solvers.reference_learner import fit_reference
-from solvers.wide_limit import solve_wide_limit
-from theory.certificate import cert_ratio, certificate_matrix, certificate_slack
-from theory.huber import huber_objective, huber_objective_hessian
-from theory.objective import centred, q_program, q_program_gradient, q_residuals, ridge_decoder, scaled_objective
-from theory.wide_limit import wide_optimum_at_bias
+from dictcheck.empirics.toy_data import make_toy
+from dictcheck.proofs_checks.figures import plot_wide_limit_2d
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.solvers.dnn import solve_dnn
+from dictcheck.solvers.medians import geometric_median, huber_median
+from dictcheck.solvers.reference_learner import fit_reference
+from dictcheck.solvers.wide_limit import solve_wide_limit
+from dictcheck.theory.certificate import cert_ratio, certificate_matrix, certificate_slack
+from dictcheck.theory.huber import huber_objective, huber_objective_hessian
+from dictcheck.theory.objective import centred, q_program, q_program_gradient, q_residuals, ridge_decoder, scaled_objective
+from dictcheck.theory.wide_limit import wide_optimum_at_bias
 
 
 @check(

@@ -1,4 +1,4 @@
-"""``dictcheck activations`` (proofs_checks/cmd_activations.py): extraction through the CLI and its
+"""``dictcheck activations`` (proofs_checks/cli/activations.py): extraction through the CLI and its
 one-line errors (exit 2). Runs on tinycoder."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 
-from empirics.activation_store import open_activations
-from proofs_checks.cli import main
+from dictcheck.empirics.activation_store import open_activations
+from dictcheck.proofs_checks.cli import main
 
 TINY = ["activations", "--model", "tinycoder", "--context", "8", "--shard-tokens", "32"]
 

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.metrics import reconstruction_metrics, unit_atom_objective
-from empirics.sae_folder import load_sae_model
-from empirics.sae_io import SaeFormatError
-from proofs_checks.cmd_check_dict import print_human as print_dictionary_report
-from proofs_checks.cmd_check_dict import summary as dictionary_summary
-from proofs_checks.errors import UserError
-from proofs_checks.inputs import load_points, positive_lambda
-from solvers.dictionary_check import check_dictionary
+from dictcheck.empirics.metrics import reconstruction_metrics, unit_atom_objective
+from dictcheck.empirics.sae_folder import load_sae_model
+from dictcheck.empirics.sae_io import SaeFormatError
+from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
+from dictcheck.proofs_checks.cli.check_dict import summary as dictionary_summary
+from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks.cli.inputs import load_points, positive_lambda
+from dictcheck.solvers.dictionary_check import check_dictionary
 
 ANTIPODAL_COSINE = -0.9
 

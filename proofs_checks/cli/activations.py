@@ -16,9 +16,9 @@ import argparse
 import json
 import time
 
-from empirics.activation_store import extract_activations
-from empirics.lm_models import BUILTIN_MODELS, load_lm
-from proofs_checks.errors import UserError
+from dictcheck.empirics.activation_store import extract_activations
+from dictcheck.empirics.lm_models import BUILTIN_MODELS, load_lm
+from dictcheck.proofs_checks.errors import UserError
 
 
 def run_activations(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from proofs_checks.errors import UserError
+from dictcheck.proofs_checks.errors import UserError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -24,29 +24,22 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> OneLineParser:
     """The top-level parser; each command module adds its own subparser."""
-    from proofs_checks import (
-        cmd_activations,
-        cmd_bench_manifolds,
-        cmd_check_dict,
-        cmd_check_sae,
-        cmd_eval_lm,
-        cmd_inspect_bilinear,
-        cmd_solve,
-        cmd_train,
-        runner,
+    from dictcheck.proofs_checks.cli import (
+        activations,
+        bench_manifolds,
+        check_dict,
+        check_sae,
+        eval_lm,
+        inspect_bilinear,
+        run,
+        solve,
+        train,
     )
 
     parser = OneLineParser(prog="dictcheck", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    runner.add_parser(commands)
-    cmd_solve.add_parser(commands)
-    cmd_check_dict.add_parser(commands)
-    cmd_check_sae.add_parser(commands)
-    cmd_train.add_parser(commands)
-    cmd_inspect_bilinear.add_parser(commands)
-    cmd_activations.add_parser(commands)
-    cmd_bench_manifolds.add_parser(commands)
-    cmd_eval_lm.add_parser(commands)
+    for command in (run, solve, check_dict, check_sae, train, inspect_bilinear, activations, bench_manifolds, eval_lm):
+        command.add_parser(commands)
     return parser
 
 
@@ -67,7 +60,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from proofs_checks.errors import UserError
-from proofs_checks.inputs import load_array, load_points, positive_lambda
-from solvers.dnn import DNNSolveError, solve_dnn
-from solvers.medians import geometric_median, huber_median
-from solvers.wide_limit import DEFAULT_RAY_TOL, solve_wide_limit
+from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks.cli.inputs import load_array, load_points, positive_lambda
+from dictcheck.solvers.dnn import DNNSolveError, solve_dnn
+from dictcheck.solvers.medians import geometric_median, huber_median
+from dictcheck.solvers.wide_limit import DEFAULT_RAY_TOL, solve_wide_limit
 
 
 def _fixed_bias(path: str | None, D: int) -> np.ndarray | None:

@@ -50,10 +50,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.manifold_metrics import default_precisions, mdl_bits, orthonormal_codes, recovery, sae_blocks
-from empirics.manifold_toy import ManifoldBenchmark, ManifoldConfig, make_manifold_benchmark
-from empirics.training import TrainConfig, torch_threads, train
-from proofs_checks.errors import UserError
+from dictcheck.empirics.manifold_metrics import default_precisions, mdl_bits, orthonormal_codes, recovery, sae_blocks
+from dictcheck.empirics.manifold_toy import ManifoldBenchmark, ManifoldConfig, make_manifold_benchmark
+from dictcheck.empirics.training import TrainConfig, torch_threads, train
+from dictcheck.proofs_checks.errors import UserError
 
 __all__ = ["BenchSettings", "DEFAULT", "QUICK", "MDL_BLOCK_SIZES", "Prepared", "TrainedBlocks", "prepare",
            "train_blocks", "train_best", "ModelCache", "recovery_table", "mdl_row", "mdl_sweep", "run_benchmark",

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from proofs_checks.errors import UserError
-from proofs_checks.inputs import load_array, load_points, positive_lambda
-from solvers.dictionary_check import DictionaryCheck, check_dictionary
+from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks.cli.inputs import load_array, load_points, positive_lambda
+from dictcheck.solvers.dictionary_check import DictionaryCheck, check_dictionary
 
 
 def _finite(value: float) -> float | None:

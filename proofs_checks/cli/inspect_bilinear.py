@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from empirics.sae_io import SaeFormatError, load_sae
-from proofs_checks.errors import UserError
-from proofs_checks.inputs import load_points
-from theory.bilinear_lifted import BilinearDictionary
-from theory.quadric_geometry import FactoredForms, LatentGeometry, readout
+from dictcheck.empirics.sae_io import SaeFormatError, load_sae
+from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks.cli.inputs import load_points
+from dictcheck.theory.bilinear_lifted import BilinearDictionary
+from dictcheck.theory.quadric_geometry import FactoredForms, LatentGeometry, readout
 
 #: Eigenvalues listed per latent in the table, and in the detail view.
 TABLE_EIGENVALUES = 3
@@ -64,7 +64,7 @@ def _detail(g: LatentGeometry, with_vectors: bool) -> dict[str, Any]:
 
 
 def _figure(args: argparse.Namespace, forms: FactoredForms, g: LatentGeometry) -> str:
-    from proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
+    from dictcheck.proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
 
     if args.data is None:
         raise UserError("--figure needs --data X.npy (the inputs to project)")

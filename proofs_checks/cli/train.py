@@ -17,7 +17,7 @@ The λ of ``relu``/``abs`` is the λ of theory objective (1) (penalty 2λ‖z‖
 
 **Several processes** (:mod:`empirics.distributed`). ``--nproc P`` starts P data-parallel ranks
 through PyTorch's elastic launcher (what ``torchrun --standalone --nproc-per-node P`` runs) with
-the same arguments minus ``--nproc``; ``torchrun --nproc-per-node P -m proofs_checks.cli train ...``
+the same arguments minus ``--nproc``; ``torchrun --nproc-per-node P -m dictcheck.proofs_checks.cli train ...``
 works as well. ``--batch-size`` is the global batch (divisible by P). A failed rank ends the job
 with one line naming the rank and what happened (exit code 2 for a user error, else 1) and, when
 a checkpoint exists, how to ``--resume``; each worker records its one-line error in torchrun's
@@ -42,11 +42,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from empirics.distributed import SINGLE, World, env_world_size, process_group
-from empirics.toy_data import TOYS, make_toy
-from empirics.training import ARCHS, TrainConfig, latest_checkpoint, train
-from proofs_checks.errors import UserError
-from proofs_checks.inputs import load_points
+from dictcheck.empirics.distributed import SINGLE, World, env_world_size, process_group
+from dictcheck.empirics.toy_data import TOYS, make_toy
+from dictcheck.empirics.training import ARCHS, TrainConfig, latest_checkpoint, train
+from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks.cli.inputs import load_points
 
 
 #: argparse destinations that are architecture options (TrainConfig.options), same names.
@@ -68,7 +68,7 @@ def _data(args: argparse.Namespace) -> Any:
         raise UserError("give exactly one of --data X.npy and --toy NAME")
     if args.data is not None:
         if Path(args.data).is_dir():
-            from empirics.activation_store import open_activations
+            from dictcheck.empirics.activation_store import open_activations
 
             try:
                 return open_activations(args.data)
@@ -272,7 +272,7 @@ def _launch(args: argparse.Namespace) -> int:
     os.environ[_LAUNCHED_ENV] = "1"
     try:
         with _quiet_launcher_logs():
-            elastic_launch(config, sys.executable)("-m", "proofs_checks.cli", "train", *_worker_argv(args))
+            elastic_launch(config, sys.executable)("-m", "dictcheck.proofs_checks.cli", "train", *_worker_argv(args))
     except ChildFailedError as exc:
         message, code = _failure_line(*_root_failure(exc.failures), args.out)
         sys.stderr.write(f"dictcheck: error: {message}\n")

@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from empirics.activation_store import token_windows
-from empirics.lm_metrics import alignment_metrics, feature_names, splice_metrics
-from empirics.lm_models import load_lm
-from empirics.sae_folder import load_featurizer
-from empirics.sae_io import SaeFormatError
-from proofs_checks.errors import UserError
+from dictcheck.empirics.activation_store import token_windows
+from dictcheck.empirics.lm_metrics import alignment_metrics, feature_names, splice_metrics
+from dictcheck.empirics.lm_models import load_lm
+from dictcheck.empirics.sae_folder import load_featurizer
+from dictcheck.empirics.sae_io import SaeFormatError
+from dictcheck.proofs_checks.errors import UserError
 
 _SHOWN = ("ve", "fvu", "mse_per_element", "l0", "dead_frac", "ce_clean", "ce_sae", "ce_zero", "ce_recovered",
           "delta_ce", "kl", "kl_score")

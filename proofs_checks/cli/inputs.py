@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from proofs_checks.errors import UserError
+from dictcheck.proofs_checks.errors import UserError
 
 
 def load_array(path: str | Path, what: str) -> NDArray[np.float64]:

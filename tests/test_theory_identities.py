@@ -71,14 +71,19 @@ def test_q_gradient_matches_finite_differences(seed: int, lam: float) -> None:
     g = q_program_gradient(Q, b, X, lam)
     E = rng.normal(size=Q.shape)
     E = (E + E.T) / 2
-    # Central differences: h = 1e-5 sits near the optimum ~ε^(1/3) between truncation (h²) and the
-    # rounding of J (ε·|J|/h; J reaches ~10²). h = 1e-6 exceeded the tolerance on 4 of 4000 random
-    # instances (and once in CI) by rounding alone; h = 1e-5 used at most 0.41 of it on the same 4000.
-    h = 1e-5
-    fd_Q = (q_program(Q + h * E, b, X, lam) - q_program(Q - h * E, b, X, lam)) / (2 * h)
+    # Fourth-order central differences (f(±h), f(±2h)): J's third derivative grows like λ⁻⁴, so the
+    # second-order rule's h² error reached 19× the tolerance at λ ≈ 0.06 (h = 1e-5; seed 210, λ = 1/16
+    # failed in a run). The fourth-order rule at h = 1e-4 used at most 0.21 of it on 3000 instances
+    # (half of them with λ < 0.1), balancing its h⁴ truncation against the rounding of J (ε·|J|/h).
+    h = 1e-4
+
+    def derivative(f) -> float:
+        return (8 * (f(h) - f(-h)) - (f(2 * h) - f(-2 * h))) / (12 * h)
+
+    fd_Q = derivative(lambda t: q_program(Q + t * E, b, X, lam))
     assert fd_Q == pytest.approx(np.sum(g.grad_Q * E), rel=1e-6, abs=1e-8)
     e = rng.normal(size=b.shape)
-    fd_b = (q_program(Q, b + h * e, X, lam) - q_program(Q, b - h * e, X, lam)) / (2 * h)
+    fd_b = derivative(lambda t: q_program(Q, b + t * e, X, lam))
     assert fd_b == pytest.approx(g.grad_b @ e, rel=1e-6, abs=1e-8)
     np.testing.assert_allclose(g.G, lam - g.R.T @ g.R / lam)
 

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dictcheck.empirics.bilinear_models import build  # noqa: E402
+from dictcheck.empirics.architectures import build_model  # noqa: E402
 
 BATCH = 1024
 LATENTS_PER_DIM = 8
@@ -101,7 +101,7 @@ def run_one(route: str, d: int, n_batch: int, min_time: float, max_steps: int) -
 
     def make_step(d: int, n_batch: int, tile: int):
         d_z = LATENTS_PER_DIM * d
-        model = build("bilinear-quadratic", d, d_z, seed=0, hoyer_coef=0.0, tile=tile)
+        model = build_model("bilinear-quadratic", d, d_z, {"hoyer_coef": 0.0, "tile": tile}, seed=0)
         x = torch.randn(n_batch, d, generator=torch.Generator().manual_seed(1))
         chunk = naive_chunk(d, d_z, n_batch)
 

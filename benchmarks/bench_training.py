@@ -15,7 +15,7 @@ is timed and the reason is printed.
 Setup (issue: d_in = 512, d_sae = 4096, batch 4096, float32, torch threads = 2):
 
 * **ours relu**: ``make_sae("relu", d_in, d_sae, lam=LAM)``; **ours topk**: ``make_sae("topk", ...,
-  k=32)`` (aux_coef = 0, TrainConfig's default). One step is exactly the loop body of
+  k=32)`` (aux_coef = 0, the option's default). One step is exactly the loop body of
   ``empirics.training.train`` minus the batch gather: set the lr, ``forward``, ``zero_grad``,
   ``backward``, ``remove_parallel_grad_()``, ``clip_grad_norm_(…, 1.0)``, Adam ``step``,
   ``normalise_decoder_()``, and the dead-latent counter update.

@@ -2,7 +2,7 @@
 
 Latent j is a quadratic form of the normalised token, z_j = xᵀW_j x, and the decoder reconstructs
 the lift T = xxᵀ as T̂ = Σ_j z_j W_j (spec §1). Priors (spec §2; parameters as saved, see
-:func:`empirics.sae_io.expected_shapes`):
+:mod:`dictcheck.empirics.architectures.bilinear`):
 
 * ``bilinear-quadratic``: U, V (d_sae × D), z_j = (u_j·x)(v_j·x). Option ``decoder``:
   ``"symmetric"`` (default) decodes with W_j = sym(u_j v_jᵀ); ``"asymmetric"`` with u_j v_jᵀ, only to
@@ -55,7 +55,6 @@ No parameter is constrained during training (decoder_norm_policy "none").
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -66,70 +65,14 @@ from torch.utils.checkpoint import checkpoint
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 from dictcheck.theory.bilinear_lifted import DECODERS, BilinearDictionary, block_pairs, kernel_block, quadratic_term
 
-__all__ = ["ARCHS", "HOYER_WARMUP_STEPS", "BilinearAutoencoder", "resolve_options", "build", "hoyer_mean"]
+__all__ = ["ARCHS", "HOYER_WARMUP_STEPS", "BilinearAutoencoder", "hoyer_mean"]
 
 ARCHS = ("bilinear-quadratic", "bilinear-atomic", "bilinear-compound")
 HOYER_WARMUP_STEPS = 256  # spec §5, s(t) = min(1, t/256)
 TOKEN_NORMALISATION = "x/||x||, zero rows dropped"
-DEFAULT_HOYER_COEF = 0.1
-DEFAULT_K_C = 8
 CALIBRATION_TOKENS = 256  # init scale calibration (Decision, module docstring)
 CALIBRATION_TILE = 4096  # bounds the memory of that one-off kernel evaluation
 
-_OPTIONS = {
-    "bilinear-quadratic": ("hoyer_coef", "decoder", "tile"),
-    "bilinear-atomic": ("hoyer_coef", "tile"),
-    "bilinear-compound": ("hoyer_coef", "n_atoms", "k_c", "c_l1", "tile"),
-}
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _nonneg_real(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be a finite real >= 0, got {v!r}")
-    return float(v)
-
-
-def _int_at_least(name: str, v: Any, low: int) -> int:
-    if not _is_int(v) or v < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-    return int(v)
-
-
-def resolve_options(arch: str, d_sae: int, k: int | None, lam: float | None, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate ``k``/``lam`` (must be None) and the options of ``arch``; return them with defaults filled.
-
-    Options: hoyer_coef (α_H ≥ 0, default 0.1), tile (≥ 0, default 0 = untiled); quadratic:
-    decoder ("symmetric" | "asymmetric"); compound: n_atoms (default 2·d_sae), k_c (1..n_atoms,
-    default min(8, n_atoms)), c_l1 (≥ 0, default 0.0).
-    """
-    if arch not in _OPTIONS:
-        raise ValueError(f"arch must be one of {list(_OPTIONS)}, got {arch!r}")
-    if k is not None:
-        raise ValueError(f"{arch} takes no k (got k={k!r}); its sparsity is the Hoyer term (hoyer_coef)")
-    if lam is not None:
-        raise ValueError(f"{arch} takes no lam (got lam={lam!r}); its sparsity is the Hoyer term (hoyer_coef)")
-    _int_at_least("d_sae", d_sae, 1)
-    unknown = sorted(set(options) - set(_OPTIONS[arch]))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for {arch}; allowed: {list(_OPTIONS[arch])}")
-    out: dict[str, Any] = {"hoyer_coef": _nonneg_real("hoyer_coef", options.get("hoyer_coef", DEFAULT_HOYER_COEF))}
-    if arch == "bilinear-quadratic":
-        decoder = options.get("decoder", "symmetric")
-        if decoder not in DECODERS:
-            raise ValueError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
-        out["decoder"] = decoder
-    if arch == "bilinear-compound":
-        n_atoms = _int_at_least("n_atoms", options.get("n_atoms", 2 * d_sae), 1)
-        k_c = _int_at_least("k_c", options.get("k_c", min(DEFAULT_K_C, n_atoms)), 1)
-        if k_c > n_atoms:
-            raise ValueError(f"k_c must be <= n_atoms = {n_atoms}, got {k_c}")
-        out.update(n_atoms=n_atoms, k_c=k_c, c_l1=_nonneg_real("c_l1", options.get("c_l1", 0.0)))
-    out["tile"] = _int_at_least("tile", options.get("tile", 0), 0)
-    return out
 
 
 def _unit_row_orthogonal(rows: int, cols: int, gen: torch.Generator) -> Tensor:
@@ -170,7 +113,7 @@ def _pair_term(prior: str, decoder: str, U: Tensor, V: Tensor | None, M: Tensor,
 
 
 class BilinearAutoencoder(Featurizer):
-    """One bilinear autoencoder (module docstring). Build with :func:`build`."""
+    """One bilinear autoencoder (module docstring); built by :class:`dictcheck.empirics.architectures.bilinear.Bilinear`."""
 
     def __init__(
         self,
@@ -351,37 +294,24 @@ class BilinearAutoencoder(Featurizer):
         return fields
 
     def load_arch_fields(self, fields: dict[str, Any]) -> None:
-        """Restore the non-weight options; n_atoms must match the built model (it fixes shapes)."""
-        opts = resolve_options(self.arch, self.d_sae, None, None,
-                               {k: v for k, v in fields.items() if k in _OPTIONS[self.arch]})
-        if self.prior == "compound" and opts["n_atoms"] != self.n_atoms:
-            raise ValueError(f"n_atoms {opts['n_atoms']} does not match the model's {self.n_atoms}")
-        self.hoyer_coef, self.tile = opts["hoyer_coef"], opts["tile"]
-        self.decoder = opts.get("decoder", self.decoder)
-        self.k_c, self.c_l1 = opts.get("k_c", self.k_c), opts.get("c_l1", self.c_l1)
+        """Restore the options that do not fix shapes (hoyer_coef, tile, decoder, k_c, c_l1) from the saved
+        fields; n_atoms must match the built model. ValueError for a field of the wrong kind."""
+        if self.prior == "compound" and fields.get("n_atoms", self.n_atoms) != self.n_atoms:
+            raise ValueError(f"n_atoms {fields['n_atoms']} does not match the model's {self.n_atoms}")
+        real = (int, float)
+        checks = {"hoyer_coef": lambda v: isinstance(v, real) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+                  "c_l1": lambda v: isinstance(v, real) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+                  "tile": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                  "decoder": lambda v: v in DECODERS,
+                  "k_c": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= (self.n_atoms or 0)}
+        applies = {"decoder": self.prior == "quadratic", "k_c": self.prior == "compound", "c_l1": self.prior == "compound"}
+        for name, ok in checks.items():
+            if name in fields and applies.get(name, True):
+                if not ok(fields[name]):
+                    raise ValueError(f"saved field {name} = {fields[name]!r} is invalid for {self.arch}")
+                setattr(self, name, fields[name])
 
     def extra_repr(self) -> str:
         return f"arch={self.arch}, d_in={self.d_in}, d_sae={self.d_sae}, " + ", ".join(
             f"{k}={v}" for k, v in self.arch_fields().items() if k != "token_normalisation"
         )
-
-
-def build(
-    arch: str,
-    d_in: int,
-    d_sae: int,
-    *,
-    k: int | None = None,
-    lam: float | None = None,
-    aux_coef: float = 0.0,
-    b_dec_init: Tensor | None = None,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    **options: Any,
-) -> BilinearAutoencoder:
-    """A freshly initialised :class:`BilinearAutoencoder` (``b_dec_init`` must be None: no centring vector)."""
-    opts = resolve_options(arch, d_sae, k, lam, options)
-    _int_at_least("d_in", d_in, 1)
-    if b_dec_init is not None:
-        raise ValueError(f"{arch} has no centring vector; b_dec_init must be None (tokens are normalised instead)")
-    return BilinearAutoencoder(arch, d_in, d_sae, seed=seed, dtype=dtype, **opts)

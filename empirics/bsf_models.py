@@ -32,12 +32,12 @@ Gaussian W_dec (from a generator seeded by ``seed``), each block scaled to unit 
 W_enc = W_decᵀ (an independent parameter afterwards); b_enc = 0. :meth:`project_parameters_` rescales
 every block back to ‖W_g‖_F = 1 after each step. No gradient projection is needed for any variant
 (:meth:`project_gradients_` is the base no-op): the unit-Frobenius constraint is restored by the
-post-step projection and the Grassmann frames are orthonormal by construction. ``aux_coef`` is
-accepted for a uniform loop interface and ignored (no AuxK for BSFs; aux_loss = 0).
+post-step projection and the Grassmann frames are orthonormal by construction. There is no AuxK for
+BSFs (aux_loss = 0).
 
 Outputs: ``codes`` (B, n_b·q); ``l0`` = mean number of non-zero code scalars; ``extra["block_l0"]`` =
 mean number of blocks with ‖z_g‖ > 1e-6 (spec §4). Saved tensors follow
-:func:`empirics.sae_io.expected_shapes`; :meth:`BlockSparseFeaturizer.arch_fields` gives n_b, q, k and
+the architecture's weight schema (:mod:`dictcheck.empirics.architectures.bsf`); :meth:`BlockSparseFeaturizer.arch_fields` gives n_b, q, k and
 the options (stored under ``metadata.dictcheck.bsf``).
 """
 
@@ -51,20 +51,16 @@ import torch
 from torch import Tensor
 
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.straight_through import StepFn
 
-__all__ = ["ARCHS", "GATES", "BLOCK_L0_TOL", "BlockSparseFeaturizer", "block_topk", "block_soft_threshold",
-           "resolve_options", "build"]
+__all__ = ["ARCHS", "BLOCK_L0_TOL", "BlockSparseFeaturizer", "block_topk", "block_soft_threshold",
+           "init_bsf"]
 
 ARCHS = ("bsf-vanilla", "bsf-grassmann", "bsf-grouplasso")
-GATES = ("shrink", "ste")
-TOPK_ARCHS = ("bsf-vanilla", "bsf-grassmann")
 #: A block counts as active when ‖z_g‖ > 1e-6 (spec §3.3, §4).
 BLOCK_L0_TOL = 1e-6
 #: ‖a_g‖ is clamped below at 1e-8 inside sh_θ (spec §2).
 NORM_CLAMP = 1e-8
-DEFAULT_DENOISE = 0.1  # spec §4: snr 0.1
-DEFAULT_C_GL = 1e-2  # spec §3.3
-DEFAULT_K_TARGET = 16  # spec §3.3 (STE gate)
 STE_THETA_SCALE = 10.0  # θ_g = softplus(10·r_g), spec §2
 STE_WIDTH_FACTOR, STE_WIDTH_FLOOR = 0.5, 1e-6  # w = 0.5·std(block norms) + 1e-6, spec §2
 
@@ -84,30 +80,12 @@ def block_soft_threshold(a: Tensor, theta: Tensor) -> Tensor:
     return torch.clamp(1.0 - theta / norms, min=0.0) * a
 
 
-class BlockGateFn(torch.autograd.Function):
-    """H(‖a_g‖ − θ_g) with the STE of spec §2: no gradient to the norms; ∂H/∂θ_g = −(1/w)·1[|‖a_g‖ − θ_g| ≤ w/2]."""
-
-    @staticmethod
-    def forward(ctx, norms: Tensor, theta: Tensor, width: float) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(norms, theta)
-        ctx.width = width
-        return (norms > theta).to(norms.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        norms, theta = ctx.saved_tensors
-        w = ctx.width
-        kernel = ((norms - theta).abs() <= w / 2).to(norms.dtype)
-        grad_theta = (-(1.0 / w) * kernel * grad_out).reshape(-1, theta.shape[-1]).sum(0)
-        return torch.zeros_like(norms), grad_theta, None
-
-
 class BlockSparseFeaturizer(Featurizer):
-    """A block-sparse featurizer (see the module docstring). Build with :func:`build`."""
+    """A block-sparse featurizer (see the module docstring). Build with :func:`init_bsf`."""
 
     def __init__(self, arch: str, d_in: int, d_sae: int, *, k: int | None, block_size: int, denoise: float,
                  c_gl: float | None = None, gate: str | None = None, k_target: int | None = None,
-                 aux_coef: float = 0.0, dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.arch, self.d_in, self.d_sae = arch, int(d_in), int(d_sae)
         self.q = int(block_size)
@@ -115,7 +93,6 @@ class BlockSparseFeaturizer(Featurizer):
         self.k = k
         self.denoise = float(denoise)
         self.c_gl, self.gate, self.k_target = c_gl, gate, k_target
-        self.aux_coef = float(aux_coef)
         D, Z = self.d_in, self.d_sae
         self.register_buffer("b_dec", torch.zeros(D, dtype=dtype))
         if arch == "bsf-grassmann":
@@ -169,7 +146,7 @@ class BlockSparseFeaturizer(Featurizer):
         norms = a.detach().norm(dim=-1)
         if self.training and not self.gate_ready:
             self._cold_start(norms)
-        h = BlockGateFn.apply(norms, self.theta, float(self.gate_width) if self.gate_ready else 1.0)
+        h = StepFn.apply(norms, self.theta, float(self.gate_width) if self.gate_ready else 1.0, True)
         return a * h.unsqueeze(-1), h
 
     @torch.no_grad()
@@ -248,7 +225,7 @@ class BlockSparseFeaturizer(Featurizer):
 
     # ------------------------------------------------------------------ save / load
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Saved tensor names → shapes (as :func:`empirics.sae_io.expected_shapes`; b_dec optional on load)."""
+        """Saved tensor names → shapes (as the architecture's weight schema lists them; b_dec optional on load)."""
         D, Z = self.d_in, self.d_sae
         if self.arch == "bsf-grassmann":
             return {"B": (self.n_b, D, self.q), "log_gamma": (), "b_dec": (D,)}
@@ -293,7 +270,7 @@ class BlockSparseFeaturizer(Featurizer):
             self.gate_width.fill_(float(fields["gate_width"]))
 
     def options(self) -> dict[str, Any]:
-        """The architecture options this model was built with (as :func:`resolve_options` returns them)."""
+        """The architecture options this model was built with (as :class:`dictcheck.empirics.architectures.bsf.BsfOptions` resolves them)."""
         opts: dict[str, Any] = {"block_size": self.q, "denoise": self.denoise}
         if self.arch == "bsf-grouplasso":
             opts.update(c_gl=self.c_gl, gate=self.gate)
@@ -305,85 +282,19 @@ class BlockSparseFeaturizer(Featurizer):
         return f"arch={self.arch!r}, d_in={self.d_in}, n_b={self.n_b}, q={self.q}, k={self.k}, options={self.options()}"
 
 
-def _positive_int(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return v
-
-
-def _non_negative(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-    return float(v)
-
-
-def resolve_options(arch: str, d_sae: int, k: int | None, lam: float | None, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate k, lam and the options of a BSF arch; return the options with defaults filled in.
-
-    Options: ``block_size`` (q, required, d_sae % q == 0), ``denoise`` (snr ≥ 0, default 0.1),
-    and for ``bsf-grouplasso`` only ``c_gl`` (≥ 0, default 1e-2), ``gate`` ("shrink" default, or
-    "ste") and, with gate "ste" only, ``k_target`` (1 ≤ k_target ≤ n_b, default 16). k (active
-    blocks) is required for vanilla and grassmann (1 ≤ k ≤ n_b) and rejected for grouplasso; lam is
-    always rejected. Raises ValueError with a one-line message.
-    """
-    if arch not in ARCHS:
-        raise ValueError(f"unknown BSF architecture {arch!r}; expected one of {ARCHS}")
-    d_sae = _positive_int("d_sae", d_sae)
-    opts = dict(options)
-    allowed = {"block_size", "denoise"} | ({"c_gl", "gate", "k_target"} if arch == "bsf-grouplasso" else set())
-    unknown = sorted(set(opts) - allowed)
-    if unknown:
-        raise ValueError(f"arch {arch!r} does not take option(s) {unknown}; allowed: {sorted(allowed)}")
-    if "block_size" not in opts:
-        raise ValueError(f"arch {arch!r} requires the option block_size (q)")
-    q = _positive_int("block_size", opts["block_size"])
-    if d_sae % q:
-        raise ValueError(f"block_size = {q} must divide d_sae = {d_sae}")
-    n_b = d_sae // q
-    if lam is not None:
-        raise ValueError(f"arch {arch!r} takes no lam (group-lasso strength is the option c_gl)")
-    if arch in TOPK_ARCHS:
-        if k is None:
-            raise ValueError(f"arch {arch!r} requires k (number of active blocks per token)")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_b:
-            raise ValueError(f"arch {arch!r}: k must be an int in [1, n_b={n_b}], got {k!r}")
-    elif k is not None:
-        raise ValueError(f"arch {arch!r} takes no k (sparsity comes from the group-lasso gate)")
-    out: dict[str, Any] = {"block_size": q, "denoise": _non_negative("denoise", opts.get("denoise", DEFAULT_DENOISE))}
-    if arch != "bsf-grouplasso":
-        return out
-    out["c_gl"] = _non_negative("c_gl", opts.get("c_gl", DEFAULT_C_GL))
-    gate = opts.get("gate", "shrink")
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
-    out["gate"] = gate
-    if gate == "shrink":
-        if "k_target" in opts:
-            raise ValueError("option k_target applies only to gate='ste'")
-        return out
-    k_target = _positive_int("k_target", opts.get("k_target", DEFAULT_K_TARGET))
-    if k_target > n_b:
-        raise ValueError(f"k_target = {k_target} exceeds n_b = {n_b}; pass a smaller k_target")
-    out["k_target"] = k_target
-    return out
-
-
-def build(arch: str, d_in: int, d_sae: int, *, k: int | None = None, lam: float | None = None, aux_coef: float = 0.0,
-          b_dec_init: Tensor | None = None, seed: int = 0, dtype: torch.dtype = torch.float32,
-          **options: Any) -> BlockSparseFeaturizer:
+def init_bsf(arch: str, d_in: int, d_sae: int, *, k: int | None, seed: int = 0, dtype: torch.dtype = torch.float32,
+             **opts: Any) -> BlockSparseFeaturizer:
     """A freshly initialised BSF (spec §3 init; see the module docstring), deterministic in ``seed``.
 
-    Vanilla/Group-Lasso: Gaussian W_dec, unit-Frobenius blocks, W_enc = W_decᵀ, b_enc = 0.
-    Grassmann: B_g = the sign-fixed Q of a QR of a Gaussian (D, q), log_gamma = 0; needs q ≤ d_in.
-    b_dec = ``b_dec_init`` (a finite tensor [d_in]) or 0.
+    ``k`` and ``opts`` (block_size, denoise, and for bsf-grouplasso c_gl, gate, k_target) are validated by
+    :class:`dictcheck.empirics.architectures.bsf.BlockSparse`. Vanilla/Group-Lasso: Gaussian W_dec,
+    unit-Frobenius blocks, W_enc = W_decᵀ, b_enc = 0. Grassmann: B_g = the sign-fixed Q of a QR of a
+    Gaussian (D, q), log_gamma = 0; needs q ≤ d_in (ValueError). b_dec (a fixed buffer) starts at 0.
     """
-    d_in = _positive_int("d_in", d_in)
-    opts = resolve_options(arch, d_sae, k, lam, options)
-    _non_negative("aux_coef", aux_coef)
     q = opts["block_size"]
     if arch == "bsf-grassmann" and q > d_in:
         raise ValueError(f"bsf-grassmann needs block_size q = {q} <= d_in = {d_in} (orthonormal frames)")
-    model = BlockSparseFeaturizer(arch, d_in, d_sae, k=k, aux_coef=aux_coef, dtype=dtype, **opts)
+    model = BlockSparseFeaturizer(arch, d_in, d_sae, k=k, dtype=dtype, **opts)
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
     with torch.no_grad():
         if arch == "bsf-grassmann":
@@ -392,13 +303,6 @@ def build(arch: str, d_in: int, d_sae: int, *, k: int | None = None, lam: float 
             model.W_dec.copy_(torch.randn(d_sae, d_in, generator=gen, dtype=torch.float64).to(dtype))
             model.project_parameters_()
             model.W_enc.copy_(model.W_dec.T)
-        if b_dec_init is not None:
-            b = torch.as_tensor(b_dec_init)
-            if tuple(b.shape) != (d_in,):
-                raise ValueError(f"b_dec_init has shape {list(b.shape)}, expected [{d_in}]")
-            if not bool(torch.isfinite(b).all()):
-                raise ValueError("b_dec_init has non-finite values")
-            model.b_dec.copy_(b.to(dtype))
     return model
 
 

@@ -21,7 +21,7 @@ per-rank batch), equal up to the summation order of floating-point sums (float64
 relative per step). This holds for ``relu``, ``topk`` (aux_coef = 0), ``jumprelu``, ``abs``,
 ``bsf-vanilla`` / ``bsf-grassmann`` with ``denoise`` = 0 and ``bsf-grouplasso`` with
 ``denoise`` = 0 and the shrink gate, and ``vasae`` (its anchor term depends on the weights only).
-:func:`ddp_inexactness` names what differs for the others: their
+:meth:`dictcheck.empirics.architectures.Architecture.ddp_inexactness` names what differs for the others: their
 loss couples the tokens of a batch, and each rank couples only its own b tokens.
 
 **Dead latents** use the global batch: the per-rank "fired" masks are OR-ed (all-reduce MAX) and
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["World", "SINGLE", "current_world", "process_group", "env_world_size", "ddp_inexactness",
+__all__ = ["World", "SINGLE", "current_world", "process_group", "env_world_size",
            "rank_seed"]
 
 
@@ -171,22 +171,3 @@ def rank_seed(seed: int, rank: int) -> int:
     noise): ``seed`` on rank 0, so one process is unchanged, and seed + rank·2^32 on the others, so
     no two ranks share a stream while seeds stay below 2^32."""
     return int(seed) + (int(rank) << 32)
-
-
-def ddp_inexactness(arch: str, options: dict[str, Any], aux_coef: float) -> str | None:
-    """Why P ranks with global batch B do NOT train exactly what one process with batch B trains,
-    or None when they do (up to floating-point summation order; module docstring)."""
-    if arch == "batchtopk":
-        return ("batchtopk keeps the top k·B/P activations of each rank's B/P tokens (not the top k·B of the "
-                "global batch), and its inference threshold follows rank 0's batches")
-    if arch in ("topk", "batchtopk") and aux_coef > 0:
-        return "AuxK is normalised by each rank's own residual variance and the ranks' AuxK losses are averaged"
-    if arch.startswith("bsf-") and float(options.get("denoise", 0.0)) > 0:
-        return ("the denoising noise is drawn per rank and scaled by each rank's own batch std "
-                "(use --denoise 0 for exact equivalence)")
-    if arch == "bsf-grouplasso" and options.get("gate") == "ste":
-        return "the STE gate's cold start (θ, w) is taken from rank 0's first B/P tokens"
-    if arch.startswith("bilinear-"):
-        return ("the Hoyer density is computed per latent over each rank's B/P tokens, and the lifted loss is "
-                "normalised by each rank's own count of nonzero tokens")
-    return None

@@ -57,16 +57,22 @@ class Featurizer(torch.nn.Module):
     """Base class: a module with ``arch``, ``d_in``, ``d_sae`` and the hooks of the training loop.
 
     Subclasses implement :meth:`forward`, :meth:`state_weights` and :meth:`load_state_weights`
-    (tensor names and shapes as :func:`empirics.sae_io.expected_shapes` lists them for the arch),
-    and override the no-op hooks they need.
+    (tensor names and shapes as the architecture's ``weight_schema`` lists them), and override the
+    no-op hooks they need. ``arch_options`` holds the resolved options the architecture built the
+    model with (set by ``Architecture.build``).
     """
 
     arch: str
     d_in: int
     d_sae: int
+    arch_options: Any = None
 
     def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:  # pragma: no cover
         raise NotImplementedError
+
+    def wants_dead_mask(self) -> bool:
+        """Whether ``forward`` uses ``dead_mask`` (e.g. AuxK); the loop passes it only then."""
+        return False
 
     def set_step(self, step: int) -> None:
         """Called with the 0-based optimiser step before each training forward pass."""
@@ -76,6 +82,22 @@ class Featurizer(torch.nn.Module):
 
     def project_parameters_(self) -> None:
         """Called after every optimiser step, and once on a fresh model before training."""
+
+    @torch.no_grad()
+    def set_centring_(self, b: Tensor | None) -> None:
+        """Set the centring vector ``b_dec`` (the training loop's ``b_dec_init`` rule); None leaves it.
+        A model without ``b_dec`` accepts only None (ValueError otherwise)."""
+        if b is None:
+            return
+        target = getattr(self, "b_dec", None)
+        if not isinstance(target, Tensor):
+            raise ValueError(f"arch {self.arch!r} has no centring vector b_dec")
+        b = torch.as_tensor(b)
+        if tuple(b.shape) != tuple(target.shape):
+            raise ValueError(f"b_dec_init has shape {list(b.shape)}, expected {list(target.shape)}")
+        if not bool(torch.isfinite(b).all()):
+            raise ValueError("b_dec_init has non-finite values")
+        target.copy_(b.to(device=target.device, dtype=target.dtype))
 
     def state_weights(self) -> dict[str, Tensor]:  # pragma: no cover
         """Detached copies of the weights under their save-file names."""

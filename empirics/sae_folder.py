@@ -1,57 +1,211 @@
-"""Rebuild a trained :class:`empirics.featurizer.Featurizer` from a SAELens-layout folder."""
+"""SAE folders for the registered architectures: configs, save, load, and the rebuilt model.
+
+:mod:`dictcheck.empirics.sae_io` knows the SAELens files and fields; this module adds what depends on
+the architecture (:mod:`dictcheck.empirics.architectures`): the saved ``architecture`` string, the
+weight schema, the decoder-norm policy, where ``k`` goes, and how a model is rebuilt
+(docs/ecosystem.md §1).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-from dictcheck.empirics.architectures import architecture
+import numpy as np
+import torch
+
+from dictcheck.empirics.architectures import REGISTRY, Architecture, Schema, architecture
 from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.sae_io import SaeConfig, SaeFormatError, dictcheck_arch, load_sae
-from dictcheck.empirics.sae_models import LAM_ARCHS, SparseAutoencoder, make_sae
+from dictcheck.empirics.sae_io import (
+    CFG_FILE,
+    SaeConfig,
+    SaeFormatError,
+    dictcheck_version,
+    read_config,
+    read_sae_files,
+    write_sae_files,
+)
 
-__all__ = ["load_featurizer", "load_sae_model"]
+__all__ = [
+    "arch_of",
+    "arch_fields_of",
+    "schema_of",
+    "validate_config",
+    "new_sae_config",
+    "save_sae",
+    "load_sae",
+    "load_featurizer",
+    "load_sae_model",
+]
+
+
+def _architecture_of(cfg: SaeConfig, source: str) -> Architecture:
+    dc = cfg.dictcheck
+    name = dc.get("arch")
+    if name is None:
+        for arch in REGISTRY.values():
+            if arch.reads_foreign and arch.saved_name == cfg.architecture:
+                return arch
+        if isinstance(cfg.architecture, str) and cfg.architecture.startswith("dictcheck/"):
+            name = cfg.architecture.split("/", 1)[1]
+        else:
+            known = sorted({a.saved_name for a in REGISTRY.values()})
+            raise SaeFormatError(f"{source}: unknown architecture {cfg.architecture!r}; known: {known}")
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise SaeFormatError(f"{source}: unknown dictcheck architecture {name!r} in metadata.dictcheck.arch")
+    arch = REGISTRY[name]
+    if arch.saved_name != cfg.architecture:
+        raise SaeFormatError(f"{source}: metadata.dictcheck.arch {name!r} must be saved as architecture "
+                             f"{arch.saved_name!r}, got {cfg.architecture!r}")
+    return arch
+
+
+def arch_of(cfg: SaeConfig, *, source: str = CFG_FILE) -> str:
+    """The dictcheck architecture of ``cfg``: ``metadata.dictcheck.arch``, else the registered architecture
+    that reads foreign folders saved as ``cfg.architecture`` (SaeFormatError when none)."""
+    return _architecture_of(cfg, source).name
+
+
+def arch_fields_of(cfg: SaeConfig) -> dict[str, Any]:
+    """Architecture-specific fields, ``metadata.dictcheck[<fields key>]`` ({} when absent)."""
+    sub = cfg.dictcheck.get(_architecture_of(cfg, CFG_FILE).fields_key)
+    return sub if isinstance(sub, dict) else {}
+
+
+def schema_of(cfg: SaeConfig, *, source: str = CFG_FILE) -> Schema:
+    """Tensor name -> (shape, required) for ``cfg`` (the architecture's :meth:`Architecture.weight_schema`)."""
+    arch = _architecture_of(cfg, source)
+    sub = cfg.dictcheck.get(arch.fields_key)
+    try:
+        return arch.weight_schema(cfg.d_in, cfg.d_sae, sub if isinstance(sub, dict) else {})
+    except ValueError as exc:
+        raise SaeFormatError(f"{source}: architecture {arch.name!r} {exc}") from None
+
+
+def validate_config(cfg: SaeConfig, *, source: str = CFG_FILE) -> None:
+    """The architecture's rules on top of the field checks: a known architecture, ``k`` where SAELens
+    keeps it, and the fields its weight schema needs (SaeFormatError, one line)."""
+    arch = _architecture_of(cfg, source)
+    if arch.k_in_cfg and cfg.k is None:
+        raise SaeFormatError(f"{source}: architecture {cfg.architecture!r} requires field 'k'")
+    schema_of(cfg, source=source)
+
+
+def new_sae_config(
+    arch: str,
+    d_in: int,
+    d_sae: int,
+    *,
+    k: int | None = None,
+    lam: float | None = None,
+    act_scale: float = 1.0,
+    seed: int | None = None,
+    n_tokens: int | None = None,
+    data_hash: str | None = None,
+    decoder_norm_policy: str | None = None,
+    hook: Mapping[str, Any] | None = None,
+    arch_fields: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
+    hook_name: str | None = None,
+    hook_head_index: int | None = None,
+    context_size: int | None = None,
+    prepend_bos: bool = True,
+    dtype: str = "float32",
+    device: str = "cpu",
+    apply_b_dec_to_input: bool | None = None,
+    normalize_activations: str = "none",
+    reshape_activations: str = "none",
+    version: str | None = None,
+) -> SaeConfig:
+    """Config for dictcheck arch ``arch`` with the defaults of its registered class filled in:
+    ``apply_b_dec_to_input`` and ``decoder_norm_policy`` (docs/ecosystem.md §1, §3);
+    ``arch_fields`` go to ``metadata.dictcheck[<fields key>]``; ``k`` is kept top-level only where
+    SAELens keeps it. SaeFormatError (one line) for an unknown arch or an invalid config."""
+    try:
+        a = architecture(arch)
+    except ValueError:
+        raise SaeFormatError(f"unknown dictcheck architecture {arch!r}; known: {sorted(REGISTRY)}") from None
+    dc: dict[str, Any] = {
+        "arch": arch,
+        "lam": lam,
+        "act_scale": act_scale,
+        "seed": seed,
+        "n_tokens": n_tokens,
+        "data_hash": data_hash,
+        "version": dictcheck_version() if version is None else version,
+        "decoder_norm_policy": decoder_norm_policy or a.decoder_norm,
+        "hook": dict(hook) if hook is not None else None,
+        a.fields_key: dict(arch_fields or {}),
+    }
+    metadata = {
+        "model_name": model_name,
+        "hook_name": hook_name,
+        "hook_head_index": hook_head_index,
+        "context_size": context_size,
+        "prepend_bos": prepend_bos,
+        "dictcheck": dc,
+    }
+    cfg = SaeConfig(
+        d_in=d_in,
+        d_sae=d_sae,
+        architecture=a.saved_name,
+        dtype=dtype,
+        device=device,
+        apply_b_dec_to_input=a.apply_b_dec_to_input if apply_b_dec_to_input is None else apply_b_dec_to_input,
+        normalize_activations=normalize_activations,
+        reshape_activations=reshape_activations,
+        k=k if a.k_in_cfg else None,
+        metadata=metadata,
+    )
+    cfg.validate()
+    validate_config(cfg)
+    return cfg
+
+
+def save_sae(
+    directory: str | os.PathLike[str],
+    weights: Mapping[str, torch.Tensor | np.ndarray],
+    cfg: SaeConfig,
+    *,
+    sparsity: torch.Tensor | np.ndarray | None = None,
+    metrics: Mapping[str, Any] | None = None,
+) -> Path:
+    """Save an SAE folder (:func:`dictcheck.empirics.sae_io.write_sae_files` with the architecture's
+    schema): cfg.json, sae_weights.safetensors, optional sparsity.safetensors and metrics.json."""
+    cfg.validate()
+    validate_config(cfg)
+    return write_sae_files(directory, weights, cfg, schema_of(cfg), sparsity=sparsity, metrics=metrics)
+
+
+def load_sae(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
+    """Load an SAE folder written by :func:`save_sae` (or by SAELens for the standard archs): ``(weights,
+    cfg)`` with CPU tensors, every name, shape, dtype and value checked (SaeFormatError, one line)."""
+    cfg = read_config(directory)
+    source = str(Path(directory) / CFG_FILE)
+    validate_config(cfg, source=source)
+    return read_sae_files(directory, cfg, schema_of(cfg, source=source)), cfg
 
 
 def load_featurizer(directory: str | os.PathLike[str]) -> tuple[Featurizer, SaeConfig]:
-    """Load weights and config with :func:`empirics.sae_io.load_sae` and rebuild the model in eval mode.
-
-    Linear SAEs need only the SAELens fields: λ only enters the training loss, so a folder without
-    ``metadata.dictcheck.lam`` still gives a working encoder (λ = 1 is used for the loss term).
-    BSFs and bilinear autoencoders are rebuilt from ``metadata.dictcheck.training`` (``k`` and the
-    resolved ``options`` that :func:`empirics.training.train` records). Raises SaeFormatError for
-    unreadable folders or missing build information.
-    """
+    """Load weights and config with :func:`load_sae` and rebuild the model in eval mode
+    (:meth:`Architecture.from_folder`). SaeFormatError for unreadable folders or missing build information."""
     weights, cfg = load_sae(directory)
-    arch = architecture(dictcheck_arch(cfg))
-    if arch.family == "sae":
-        lam = cfg.dictcheck.get("lam")
-        model: Featurizer = make_sae(arch.name, cfg.d_in, cfg.d_sae, k=cfg.k,
-                                     lam=(lam if lam is not None else 1.0) if arch.name in LAM_ARCHS else None,
-                                     dtype=cfg.torch_dtype, apply_b_dec_to_input=cfg.apply_b_dec_to_input)
-    else:
-        training = cfg.dictcheck.get("training")
-        if not isinstance(training, dict) or not isinstance(training.get("options"), dict):
-            raise SaeFormatError(f"{directory}: cfg.json lacks metadata.dictcheck.training.options, which a "
-                                 f"{arch.name} model is rebuilt from (folders written by `dictcheck train` have it)")
-        try:
-            options = arch.resolve_options(cfg.d_sae, training.get("k"), None, training["options"])
-            model = arch.build(arch.name, cfg.d_in, cfg.d_sae, k=training.get("k"), dtype=cfg.torch_dtype, **options)
-        except ValueError as exc:
-            raise SaeFormatError(f"{directory}: cannot rebuild {arch.name}: {exc}") from None
+    arch = architecture(arch_of(cfg))
     try:
-        model.load_state_weights(weights)
+        model = arch.from_folder(cfg, weights)
     except ValueError as exc:
         raise SaeFormatError(f"{directory}: {exc}") from None
-    if cfg.arch_fields:
-        model.load_arch_fields(cfg.arch_fields)
     model.eval()
     return model, cfg
 
 
-def load_sae_model(directory: str | os.PathLike[str]) -> tuple[SparseAutoencoder, SaeConfig]:
-    """:func:`load_featurizer` restricted to the linear SAEs (ValueError for bsf-*, bilinear-*)."""
+def load_sae_model(directory: str | os.PathLike[str]) -> tuple[Featurizer, SaeConfig]:
+    """:func:`load_featurizer` restricted to the linear SAEs (ValueError for bsf-*, bilinear-*, vasae)."""
     model, cfg = load_featurizer(directory)
-    if not isinstance(model, SparseAutoencoder):
-        raise ValueError(f"{directory}: architecture {cfg.arch!r} has no linear SAE model (it is a "
-                         f"{architecture(cfg.arch).family} featurizer)")
+    family = architecture(model.arch).family
+    if family != "sae":
+        raise ValueError(f"{directory}: architecture {model.arch!r} has no linear SAE model (it is a "
+                         f"{family} featurizer)")
     return model, cfg

@@ -1,4 +1,6 @@
-"""SAELens-compatible save format for dictcheck SAEs (spec/ecosystem.md §1).
+"""SAELens-compatible folder format (docs/ecosystem.md §1): files, fields and validation, with no
+knowledge of any architecture. The caller gives the weight schema (tensor name -> (shape, required));
+:mod:`dictcheck.empirics.sae_folder` supplies it from the architecture registry.
 
 One folder per SAE:
 
@@ -6,9 +8,8 @@ One folder per SAE:
   ``apply_b_dec_to_input``, ``normalize_activations``, ``reshape_activations``, ``architecture``,
   ``k`` for the TopK family, ``metadata``). Every dictcheck-specific field lives under
   ``metadata["dictcheck"]`` because SAELens silently drops unknown top-level fields (Decision).
-* ``sae_weights.safetensors``: the weights. Linear SAEs store W_enc [d_in, d_sae], b_enc [d_sae],
-  W_dec [d_sae, d_in], b_dec [d_in]; ``jumprelu`` adds ``threshold`` [d_sae]. The math's dictionary
-  W (D x d_z) is W_dec transposed.
+* ``sae_weights.safetensors``: the weights (linear SAEs: W_enc [d_in, d_sae], b_enc [d_sae],
+  W_dec [d_sae, d_in], b_dec [d_in]; the math's dictionary W (D x d_z) is W_dec transposed).
 * optionally ``sparsity.safetensors`` (key ``"sparsity"``: log10 firing frequency, [d_sae]) and
   ``metrics.json``.
 
@@ -16,11 +17,11 @@ Every file is written atomically: to a temporary file in the same folder, flushe
 then moved into place with :func:`os.replace`. ``cfg.json`` is moved last, so a folder whose
 ``cfg.json`` is present was completely written (for a fresh folder).
 
-Loading (:func:`load_sae`) asserts every tensor name, shape and dtype against the config and
+Reading (:func:`read_sae_files`) asserts every tensor name, shape and dtype against the schema and
 checks finiteness; any problem raises :class:`SaeFormatError` with a one-line message naming the
 file, the tensor and both shapes.
 
-``metadata["dictcheck"]`` keys (written by :meth:`SaeConfig.new`):
+``metadata["dictcheck"]`` keys (written by :func:`dictcheck.empirics.sae_folder.new_sae_config`):
 
 =====================  ==========================================================================
 ``arch``               dictcheck architecture name (``relu``, ``topk``, ..., ``bsf-grassmann``)
@@ -32,14 +33,8 @@ file, the tensor and both shapes.
 ``version``            dictcheck version that wrote the file
 ``decoder_norm_policy``  ``unit`` | ``none`` | ``unit_frobenius_block`` | ``qr_orthonormal``
 ``hook``               unambiguous hook: ``{"module": "model.layers.5", "output": ..., "hidden_states_index": ...}``
-``<family>``           architecture-specific fields, family = ``vasae`` | ``bsf`` | ``bilinear`` | arch
+``<fields key>``       architecture-specific fields (``vasae`` | ``bsf`` | ``bilinear`` | the arch name)
 =====================  ==========================================================================
-
-Required architecture fields: BSF needs ``bsf.n_b`` and ``bsf.q`` (n_b·q = d_sae); the compound
-bilinear prior needs ``bilinear.n_atoms``.
-
-Optional readers convert other libraries' layouts to ours: :func:`load_sparsify` (EleutherAI
-sparsify) and :func:`load_dictionary_learning` (saprmarks/dictionary_learning).
 """
 
 from __future__ import annotations
@@ -65,19 +60,20 @@ __all__ = [
     "WEIGHTS_FILE",
     "SPARSITY_FILE",
     "METRICS_FILE",
-    "SAVED_ARCHITECTURE",
+    "DTYPES",
+    "Schema",
     "SaeConfig",
     "SaeFormatError",
     "dictcheck_version",
-    "saved_architecture",
-    "dictcheck_arch",
-    "expected_shapes",
-    "save_sae",
-    "load_sae",
+    "check_tensors",
+    "write_sae_files",
+    "read_config",
+    "read_sae_files",
+    "read_json",
+    "read_safetensors",
+    "shape_text",
     "load_sparsity",
     "load_metrics",
-    "load_sparsify",
-    "load_dictionary_learning",
 ]
 
 CFG_FILE = "cfg.json"
@@ -85,27 +81,7 @@ WEIGHTS_FILE = "sae_weights.safetensors"
 SPARSITY_FILE = "sparsity.safetensors"
 METRICS_FILE = "metrics.json"
 
-#: dictcheck arch -> saved ``architecture`` string (ecosystem spec §1 table).
-SAVED_ARCHITECTURE: dict[str, str] = {
-    "relu": "standard",
-    "topk": "topk",
-    "batchtopk": "batchtopk",
-    "jumprelu": "jumprelu",
-    "vasae": "topk",
-    "abs": "dictcheck/abs",
-    "bsf-vanilla": "dictcheck/bsf-vanilla",
-    "bsf-grassmann": "dictcheck/bsf-grassmann",
-    "bsf-grouplasso": "dictcheck/bsf-grouplasso",
-    "bilinear-quadratic": "dictcheck/bilinear-quadratic",
-    "bilinear-atomic": "dictcheck/bilinear-atomic",
-    "bilinear-compound": "dictcheck/bilinear-compound",
-}
-# Saved string -> dictcheck arch when metadata.dictcheck.arch is absent (foreign SAELens files).
-_DEFAULT_ARCH = {"standard": "relu", "topk": "topk", "batchtopk": "batchtopk", "jumprelu": "jumprelu"}
-_KNOWN_SAVED = frozenset(SAVED_ARCHITECTURE.values())
-_TOPK_FAMILY = frozenset({"topk", "batchtopk"})
-
-_DTYPES: dict[str, torch.dtype] = {
+DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
     "bfloat16": torch.bfloat16,
@@ -114,22 +90,6 @@ _DTYPES: dict[str, torch.dtype] = {
 _NORMALIZE = frozenset({"none", "expected_average_only_in", "constant_norm_rescale", "layer_norm"})
 _RESHAPE = frozenset({"none", "hook_z"})
 _STANDARD_METADATA = ("model_name", "hook_name", "hook_head_index", "context_size", "prepend_bos")
-
-_DECODER_NORM_DEFAULT = {  # ecosystem spec §3 "Decoder norms"
-    "relu": "unit",
-    "topk": "unit",
-    "batchtopk": "unit",
-    "jumprelu": "unit",
-    "abs": "unit",
-    "vasae": "none",
-    "bsf-vanilla": "unit_frobenius_block",
-    "bsf-grouplasso": "unit_frobenius_block",
-    "bsf-grassmann": "qr_orthonormal",
-    "bilinear-quadratic": "none",
-    "bilinear-atomic": "none",
-    "bilinear-compound": "none",
-}
-
 
 class SaeFormatError(ValueError):
     """A saved SAE folder (or the data to save) violates the format. The message is one line."""
@@ -150,19 +110,6 @@ def dictcheck_version() -> str:
         return "unknown"
 
 
-def saved_architecture(arch: str) -> str:
-    """The ``architecture`` string saved for dictcheck arch ``arch`` (spec table)."""
-    if arch in SAVED_ARCHITECTURE:
-        return SAVED_ARCHITECTURE[arch]
-    if arch.startswith(("bsf-", "bilinear-")):
-        return f"dictcheck/{arch}"
-    raise SaeFormatError(f"unknown dictcheck architecture {arch!r}; known: {sorted(SAVED_ARCHITECTURE)}")
-
-
-def _family(arch: str) -> str:
-    return arch.split("-", 1)[0]
-
-
 def _canonical_json(obj: Any, what: str) -> Any:
     """Deep copy through JSON (tuples -> lists, int keys -> str) so a saved config compares equal."""
     try:
@@ -175,9 +122,10 @@ def _canonical_json(obj: Any, what: str) -> Any:
 class SaeConfig:
     """The SAELens top-level fields of ``cfg.json`` (ecosystem spec §1).
 
-    ``architecture`` is the *saved* string (``standard``, ``topk``, ``dictcheck/abs``, ...);
-    the dictcheck name is :attr:`arch`. ``metadata`` holds the SAELens standard keys and
-    ``metadata["dictcheck"]`` every dictcheck-specific field. Build one with :meth:`new`.
+    ``architecture`` is the *saved* string (``standard``, ``topk``, ``dictcheck/abs``, ...); the
+    dictcheck name is :func:`dictcheck.empirics.sae_folder.arch_of`. ``metadata`` holds the SAELens
+    standard keys and ``metadata["dictcheck"]`` every dictcheck-specific field. Build one for an
+    architecture with :func:`dictcheck.empirics.sae_folder.new_sae_config`.
     """
 
     d_in: int
@@ -194,78 +142,6 @@ class SaeConfig:
     def __post_init__(self) -> None:
         self.metadata = _canonical_json(dict(self.metadata), "metadata")
 
-    # ------------------------------------------------------------------ constructors
-    @classmethod
-    def new(
-        cls,
-        arch: str,
-        d_in: int,
-        d_sae: int,
-        *,
-        k: int | None = None,
-        lam: float | None = None,
-        act_scale: float = 1.0,
-        seed: int | None = None,
-        n_tokens: int | None = None,
-        data_hash: str | None = None,
-        decoder_norm_policy: str | None = None,
-        hook: Mapping[str, Any] | None = None,
-        arch_fields: Mapping[str, Any] | None = None,
-        model_name: str | None = None,
-        hook_name: str | None = None,
-        hook_head_index: int | None = None,
-        context_size: int | None = None,
-        prepend_bos: bool = True,
-        dtype: str = "float32",
-        device: str = "cpu",
-        apply_b_dec_to_input: bool | None = None,
-        normalize_activations: str = "none",
-        reshape_activations: str = "none",
-        version: str | None = None,
-    ) -> SaeConfig:
-        """Config for dictcheck arch ``arch`` with the spec defaults filled in.
-
-        ``apply_b_dec_to_input`` defaults to True (False for ``vasae``); ``decoder_norm_policy``
-        to the §3 per-architecture policy; ``arch_fields`` go to ``metadata.dictcheck[<family>]``.
-        """
-        saved = saved_architecture(arch)
-        if apply_b_dec_to_input is None:
-            apply_b_dec_to_input = arch != "vasae"
-        dc: dict[str, Any] = {
-            "arch": arch,
-            "lam": lam,
-            "act_scale": act_scale,
-            "seed": seed,
-            "n_tokens": n_tokens,
-            "data_hash": data_hash,
-            "version": dictcheck_version() if version is None else version,
-            "decoder_norm_policy": decoder_norm_policy or _DECODER_NORM_DEFAULT.get(arch, "none"),
-            "hook": dict(hook) if hook is not None else None,
-            _family(arch): dict(arch_fields or {}),
-        }
-        metadata = {
-            "model_name": model_name,
-            "hook_name": hook_name,
-            "hook_head_index": hook_head_index,
-            "context_size": context_size,
-            "prepend_bos": prepend_bos,
-            "dictcheck": dc,
-        }
-        cfg = cls(
-            d_in=d_in,
-            d_sae=d_sae,
-            architecture=saved,
-            dtype=dtype,
-            device=device,
-            apply_b_dec_to_input=apply_b_dec_to_input,
-            normalize_activations=normalize_activations,
-            reshape_activations=reshape_activations,
-            k=k,
-            metadata=metadata,
-        )
-        cfg.validate()
-        return cfg
-
     # ------------------------------------------------------------------ accessors
     @property
     def dictcheck(self) -> dict[str, Any]:
@@ -274,19 +150,8 @@ class SaeConfig:
         return dc if isinstance(dc, dict) else {}
 
     @property
-    def arch(self) -> str:
-        """The dictcheck architecture name."""
-        return dictcheck_arch(self)
-
-    @property
-    def arch_fields(self) -> dict[str, Any]:
-        """Architecture-specific fields, ``metadata.dictcheck[<family>]``."""
-        sub = self.dictcheck.get(_family(self.arch))
-        return sub if isinstance(sub, dict) else {}
-
-    @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        return DTYPES[self.dtype]
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -361,8 +226,8 @@ class SaeConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise bad(f"field {name!r} must be a positive int, got {v!r}")
-        if self.dtype not in _DTYPES:
-            raise bad(f"field 'dtype' must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise bad(f"field 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.device, str):
             raise bad(f"field 'device' must be a string, got {self.device!r}")
         if not isinstance(self.apply_b_dec_to_input, bool):
@@ -371,111 +236,46 @@ class SaeConfig:
             raise bad(f"field 'normalize_activations' must be one of {sorted(_NORMALIZE)}, got {self.normalize_activations!r}")
         if self.reshape_activations not in _RESHAPE:
             raise bad(f"field 'reshape_activations' must be one of {sorted(_RESHAPE)}, got {self.reshape_activations!r}")
-        if not isinstance(self.architecture, str) or self.architecture not in _KNOWN_SAVED:
-            raise bad(f"unknown architecture {self.architecture!r}; known: {sorted(_KNOWN_SAVED)}")
+        if not isinstance(self.architecture, str) or not self.architecture:
+            raise bad(f"field 'architecture' must be a non-empty string, got {self.architecture!r}")
         if "dictcheck" in self.metadata and not isinstance(self.metadata["dictcheck"], dict):
             raise bad("field 'metadata.dictcheck' must be an object")
-        arch = dictcheck_arch(self, source=source)
-        if arch in _TOPK_FAMILY or arch == "vasae":
-            if self.k is None:
-                raise bad(f"architecture {self.architecture!r} requires field 'k'")
         if self.k is not None:
             if not isinstance(self.k, int) or isinstance(self.k, bool) or not 0 < self.k <= self.d_sae:
                 raise bad(f"field 'k' must be an int in [1, d_sae={self.d_sae}], got {self.k!r}")
-        expected_shapes(self, source=source)  # checks the arch-specific fields
 
 
-def dictcheck_arch(cfg: SaeConfig, *, source: str = CFG_FILE) -> str:
-    """dictcheck arch of ``cfg``: ``metadata.dictcheck.arch``, else inferred from ``architecture``."""
-    dc = cfg.metadata.get("dictcheck")
-    arch = dc.get("arch") if isinstance(dc, dict) else None
-    if arch is None:
-        if cfg.architecture in _DEFAULT_ARCH:
-            return _DEFAULT_ARCH[cfg.architecture]
-        if isinstance(cfg.architecture, str) and cfg.architecture.startswith("dictcheck/"):
-            arch = cfg.architecture.split("/", 1)[1]
-        else:
-            raise SaeFormatError(f"{source}: unknown architecture {cfg.architecture!r}")
-    if not isinstance(arch, str) or arch not in SAVED_ARCHITECTURE:
-        raise SaeFormatError(f"{source}: unknown dictcheck architecture {arch!r} in metadata.dictcheck.arch")
-    if SAVED_ARCHITECTURE[arch] != cfg.architecture:
-        raise SaeFormatError(
-            f"{source}: metadata.dictcheck.arch {arch!r} must be saved as architecture "
-            f"{SAVED_ARCHITECTURE[arch]!r}, got {cfg.architecture!r}"
-        )
-    return arch
-
-
-def _int_field(cfg: SaeConfig, arch: str, name: str, source: str) -> int:
-    fam = _family(arch)
-    sub = cfg.metadata.get("dictcheck", {}).get(fam)
-    v = sub.get(name) if isinstance(sub, dict) else None
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise SaeFormatError(f"{source}: architecture {arch!r} requires positive int metadata.dictcheck.{fam}.{name}, got {v!r}")
-    return v
-
-
-def expected_shapes(cfg: SaeConfig, *, source: str = CFG_FILE) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """Tensor name -> (shape, required) for ``cfg`` (ecosystem spec §1 "Weights").
-
-    Unknown names are rejected by :func:`save_sae` and :func:`load_sae`. ``b_dec`` is optional
-    for BSF (its spec centres the data instead); everything else listed is required.
-    """
-    arch = dictcheck_arch(cfg, source=source)
-    D, Z = cfg.d_in, cfg.d_sae
-    linear = {"W_enc": ((D, Z), True), "b_enc": ((Z,), True), "W_dec": ((Z, D), True), "b_dec": ((D,), True)}
-    if arch in ("relu", "topk", "batchtopk", "vasae", "abs"):
-        return linear
-    if arch == "jumprelu":
-        return {**linear, "threshold": ((Z,), True)}
-    if arch.startswith("bsf-"):
-        n_b, q = _int_field(cfg, arch, "n_b", source), _int_field(cfg, arch, "q", source)
-        if n_b * q != Z:
-            raise SaeFormatError(f"{source}: n_b*q = {n_b}*{q} = {n_b * q} != d_sae = {Z}")
-        if arch == "bsf-grassmann":
-            return {"B": ((n_b, D, q), True), "log_gamma": ((), True), "b_dec": ((D,), False)}
-        shapes = {**linear, "b_dec": ((D,), False)}
-        if arch == "bsf-grouplasso":
-            shapes["log_theta"] = ((), False)
-            shapes["theta_raw"] = ((n_b,), False)
-        return shapes
-    if arch == "bilinear-quadratic":
-        return {"U": ((Z, D), True), "V": ((Z, D), True)}
-    if arch == "bilinear-atomic":
-        return {"U": ((Z, D), True)}
-    if arch == "bilinear-compound":
-        n_a = _int_field(cfg, arch, "n_atoms", source)
-        return {"U": ((n_a, D), True), "C": ((Z, n_a), True)}
-    raise SaeFormatError(f"{source}: no weight schema for architecture {arch!r}")  # pragma: no cover
-
-
-def _shape(s: Any) -> str:
+def shape_text(s: Any) -> str:
+    """A shape as ``[a, b]``."""
     return "[" + ", ".join(str(int(n)) for n in s) + "]"
 
 
-def _check_tensors(
-    tensors: Mapping[str, torch.Tensor], cfg: SaeConfig, source: str, *, check_dtype: bool = True
+#: Tensor name -> (shape, required), as :class:`dictcheck.empirics.architectures.Architecture` declares it.
+Schema = Mapping[str, tuple[tuple[int, ...], bool]]
+
+
+def check_tensors(
+    tensors: Mapping[str, torch.Tensor], cfg: SaeConfig, schema: Schema, source: str, *, check_dtype: bool = True
 ) -> None:
-    """Names, shapes, dtype and finiteness of ``tensors`` against ``cfg`` (one-line errors)."""
-    schema = expected_shapes(cfg)
+    """Names, shapes, dtype and finiteness of ``tensors`` against ``schema`` and ``cfg`` (one-line errors)."""
     for name, (shape, required) in schema.items():
         if name not in tensors:
             if required:
                 raise SaeFormatError(
-                    f"{source}: tensor {name!r} is missing (expected shape {_shape(shape)} for architecture {cfg.architecture!r})"
+                    f"{source}: tensor {name!r} is missing (expected shape {shape_text(shape)} for architecture {cfg.architecture!r})"
                 )
             continue
         t = tensors[name]
         if tuple(t.shape) != shape:
             raise SaeFormatError(
-                f"{source}: tensor {name!r} has shape {_shape(t.shape)}, expected {_shape(shape)} "
+                f"{source}: tensor {name!r} has shape {shape_text(t.shape)}, expected {shape_text(shape)} "
                 f"(d_in={cfg.d_in}, d_sae={cfg.d_sae})"
             )
         if check_dtype and t.dtype != cfg.torch_dtype:
             raise SaeFormatError(f"{source}: tensor {name!r} has dtype {t.dtype}, cfg.json dtype is {cfg.dtype!r}")
         if not bool(torch.isfinite(t).all()):
             n_bad = int((~torch.isfinite(t)).sum())
-            raise SaeFormatError(f"{source}: tensor {name!r} (shape {_shape(t.shape)}) has {n_bad} non-finite values")
+            raise SaeFormatError(f"{source}: tensor {name!r} (shape {shape_text(t.shape)}) has {n_bad} non-finite values")
     extra = sorted(set(tensors) - set(schema))
     if extra:
         raise SaeFormatError(
@@ -504,10 +304,11 @@ def _json_bytes(obj: Any, what: str) -> bytes:
         raise SaeFormatError(f"{what}: not strict-JSON serialisable: {exc}") from None
 
 
-def save_sae(
+def write_sae_files(
     directory: str | os.PathLike[str],
     weights: Mapping[str, torch.Tensor | np.ndarray],
     cfg: SaeConfig,
+    schema: Schema,
     *,
     sparsity: torch.Tensor | np.ndarray | None = None,
     metrics: Mapping[str, Any] | None = None,
@@ -524,7 +325,7 @@ def save_sae(
     directory = Path(directory)
     dtype = cfg.torch_dtype
     tensors = {str(n): _to_tensor(str(n), t, dtype) for n, t in weights.items()}
-    _check_tensors(tensors, cfg, "weights")
+    check_tensors(tensors, cfg, schema, "weights")
     payloads: list[tuple[Path, bytes]] = [(directory / WEIGHTS_FILE, safetensors.torch.save(tensors))]
     if sparsity is not None:
         sp = _to_tensor("sparsity", sparsity, dtype)
@@ -552,13 +353,13 @@ def save_sae(
 
 def _check_sparsity(sp: torch.Tensor, cfg: SaeConfig, source: str) -> None:
     if tuple(sp.shape) != (cfg.d_sae,):
-        raise SaeFormatError(f"{source}: tensor 'sparsity' has shape {_shape(sp.shape)}, expected {_shape((cfg.d_sae,))}")
+        raise SaeFormatError(f"{source}: tensor 'sparsity' has shape {shape_text(sp.shape)}, expected {shape_text((cfg.d_sae,))}")
     if bool(torch.isnan(sp).any()) or bool((sp > 0).any()):
-        raise SaeFormatError(f"{source}: tensor 'sparsity' (shape {_shape(sp.shape)}) must be log10 frequencies <= 0 without NaN")
+        raise SaeFormatError(f"{source}: tensor 'sparsity' (shape {shape_text(sp.shape)}) must be log10 frequencies <= 0 without NaN")
 
 
 # ---------------------------------------------------------------------- loading
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     if not path.is_file():
         raise SaeFormatError(f"{path}: file is missing")
     try:
@@ -567,7 +368,7 @@ def _read_json(path: Path) -> Any:
         raise SaeFormatError(f"{path}: unreadable JSON ({exc})") from None
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise SaeFormatError(f"{path}: file is missing")
     try:
@@ -576,20 +377,20 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise SaeFormatError(f"{path}: unreadable or truncated safetensors file ({exc})") from None
 
 
-def load_sae(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
-    """Load an SAE folder written by :func:`save_sae` (or by SAELens for the standard archs).
+def read_config(directory: str | os.PathLike[str]) -> SaeConfig:
+    """``directory/cfg.json`` parsed and checked field by field (:class:`SaeFormatError`, one line)."""
+    cfg_path = Path(directory) / CFG_FILE
+    return SaeConfig.from_dict(read_json(cfg_path), source=str(cfg_path))
 
-    Returns ``(weights, cfg)`` with CPU tensors. Every tensor name, shape and dtype is asserted
-    against the config and finiteness is checked; any problem raises :class:`SaeFormatError`
-    with a one-line message naming the file, the tensor and both shapes.
-    """
-    directory = Path(directory)
-    cfg_path = directory / CFG_FILE
-    cfg = SaeConfig.from_dict(_read_json(cfg_path), source=str(cfg_path))
-    w_path = directory / WEIGHTS_FILE
-    tensors = _read_safetensors(w_path)
-    _check_tensors(tensors, cfg, str(w_path))
-    return tensors, cfg
+
+def read_sae_files(directory: str | os.PathLike[str], cfg: SaeConfig, schema: Schema) -> dict[str, torch.Tensor]:
+    """The weights of an SAE folder (CPU tensors). Every tensor name, shape and dtype is asserted against
+    ``schema`` and ``cfg`` and finiteness is checked; any problem raises :class:`SaeFormatError` with a
+    one-line message naming the file, the tensor and both shapes."""
+    w_path = Path(directory) / WEIGHTS_FILE
+    tensors = read_safetensors(w_path)
+    check_tensors(tensors, cfg, schema, str(w_path))
+    return tensors
 
 
 def load_sparsity(directory: str | os.PathLike[str], cfg: SaeConfig | None = None) -> torch.Tensor | None:
@@ -599,10 +400,10 @@ def load_sparsity(directory: str | os.PathLike[str], cfg: SaeConfig | None = Non
     if not path.exists():
         return None
     if cfg is None:
-        cfg = SaeConfig.from_dict(_read_json(directory / CFG_FILE), source=str(directory / CFG_FILE))
-    data = _read_safetensors(path)
+        cfg = read_config(directory)
+    data = read_safetensors(path)
     if "sparsity" not in data:
-        raise SaeFormatError(f"{path}: tensor 'sparsity' is missing (expected shape {_shape((cfg.d_sae,))})")
+        raise SaeFormatError(f"{path}: tensor 'sparsity' is missing (expected shape {shape_text((cfg.d_sae,))})")
     _check_sparsity(data["sparsity"], cfg, str(path))
     return data["sparsity"]
 
@@ -612,139 +413,7 @@ def load_metrics(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = Path(directory) / METRICS_FILE
     if not path.exists():
         return None
-    m = _read_json(path)
+    m = read_json(path)
     if not isinstance(m, dict):
         raise SaeFormatError(f"{path}: top level must be a JSON object")
     return m
-
-
-# ---------------------------------------------------------------------- foreign readers
-def _cast_all(tensors: Mapping[str, torch.Tensor], cfg: SaeConfig) -> dict[str, torch.Tensor]:
-    return {n: t.detach().to("cpu", cfg.torch_dtype).contiguous() for n, t in tensors.items()}
-
-
-def _dtype_name(t: torch.Tensor) -> str:
-    for name, dt in _DTYPES.items():
-        if t.dtype == dt:
-            return name
-    return "float32"
-
-
-def load_sparsify(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
-    """Read an EleutherAI sparsify hookpoint folder (``cfg.json`` + ``sae.safetensors``).
-
-    encoder.weight [num_latents, d_in] -> W_enc = transpose [d_in, d_sae]; encoder.bias -> b_enc;
-    W_dec [num_latents, d_in] and b_dec unchanged. sparsify is a TopK SAE whose encoder does see
-    x - b_dec, so the result is ``topk`` with ``apply_b_dec_to_input=True``. Skip connections
-    (``W_skip``) are not representable and raise :class:`SaeFormatError`.
-    """
-    directory = Path(directory)
-    cfg_path, w_path = directory / "cfg.json", directory / "sae.safetensors"
-    raw = _read_json(cfg_path)
-    if not isinstance(raw, dict):
-        raise SaeFormatError(f"{cfg_path}: top level must be a JSON object")
-    t = _read_safetensors(w_path)
-    for name in ("encoder.weight", "encoder.bias", "W_dec", "b_dec"):
-        if name not in t:
-            raise SaeFormatError(f"{w_path}: tensor {name!r} is missing")
-    extra = sorted(set(t) - {"encoder.weight", "encoder.bias", "W_dec", "b_dec"})
-    if extra:
-        raise SaeFormatError(f"{w_path}: unsupported tensor(s) {extra} (skip connections are not representable)")
-    enc = t["encoder.weight"]
-    if enc.ndim != 2:
-        raise SaeFormatError(f"{w_path}: tensor 'encoder.weight' has shape {_shape(enc.shape)}, expected [num_latents, d_in]")
-    n_lat, d_in = enc.shape
-    if "d_in" in raw and raw["d_in"] != d_in:
-        raise SaeFormatError(f"{w_path}: tensor 'encoder.weight' has shape {_shape(enc.shape)}, expected [num_latents, {raw['d_in']}] (cfg.json d_in)")
-    if raw.get("num_latents") and raw["num_latents"] != n_lat:
-        raise SaeFormatError(f"{w_path}: tensor 'encoder.weight' has shape {_shape(enc.shape)}, expected [{raw['num_latents']}, d_in] (cfg.json num_latents)")
-    k = raw.get("k")
-    if not isinstance(k, int):
-        raise SaeFormatError(f"{cfg_path}: missing or non-int field 'k'")
-    cfg = SaeConfig.new(
-        "topk",
-        int(d_in),
-        int(n_lat),
-        k=k,
-        dtype=_dtype_name(enc),
-        decoder_norm_policy="unit" if raw.get("normalize_decoder", True) else "none",
-        arch_fields={"source": "sparsify", "sparsify_cfg": raw},
-    )
-    weights = _cast_all(
-        {"W_enc": enc.T, "b_enc": t["encoder.bias"], "W_dec": t["W_dec"], "b_dec": t["b_dec"]}, cfg
-    )
-    _check_tensors(weights, cfg, str(w_path))
-    return weights, cfg
-
-
-_DL_CLASSES = {"AutoEncoder": "relu", "AutoEncoderTopK": "topk", "BatchTopKSAE": "batchtopk", "JumpReluAutoEncoder": "jumprelu"}
-
-
-def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
-    """Read a saprmarks/dictionary_learning folder (``ae.pt`` + ``config.json``).
-
-    Supported ``trainer.dict_class``: AutoEncoder (-> relu; its decoder bias is named ``bias``),
-    AutoEncoderTopK (-> topk), BatchTopKSAE (-> batchtopk; the scalar inference ``threshold`` is
-    kept in ``metadata.dictcheck.batchtopk.threshold``) and JumpReluAutoEncoder (-> jumprelu, whose
-    tensors already use our names). encoder.weight [dict, act] -> W_enc = transpose;
-    decoder.weight [act, dict] -> W_dec = transpose. ``ae.pt`` is read with ``weights_only=True``.
-    """
-    directory = Path(directory)
-    cfg_path, w_path = directory / "config.json", directory / "ae.pt"
-    raw = _read_json(cfg_path)
-    trainer = raw.get("trainer") if isinstance(raw, dict) else None
-    if not isinstance(trainer, dict):
-        raise SaeFormatError(f"{cfg_path}: missing field 'trainer'")
-    cls_name = trainer.get("dict_class")
-    if cls_name not in _DL_CLASSES:
-        raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {cls_name!r}; supported: {sorted(_DL_CLASSES)}")
-    arch = _DL_CLASSES[cls_name]
-    if not w_path.is_file():
-        raise SaeFormatError(f"{w_path}: file is missing")
-    try:
-        sd = torch.load(w_path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise SaeFormatError(f"{w_path}: unreadable torch state dict ({exc})") from None
-    if not isinstance(sd, Mapping):
-        raise SaeFormatError(f"{w_path}: expected a state dict, got {type(sd).__name__}")
-
-    def get(name: str) -> torch.Tensor:
-        if name not in sd:
-            raise SaeFormatError(f"{w_path}: tensor {name!r} is missing (dict_class {cls_name})")
-        return sd[name]
-
-    arch_fields: dict[str, Any] = {"source": "dictionary_learning", "dict_class": cls_name}
-    if arch == "jumprelu":
-        w = {n: get(n) for n in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
-    else:
-        enc, dec = get("encoder.weight"), get("decoder.weight")
-        w = {
-            "W_enc": enc.T,
-            "b_enc": get("encoder.bias"),
-            "W_dec": dec.T,
-            "b_dec": get("bias") if arch == "relu" else get("b_dec"),
-        }
-        if arch == "batchtopk" and "threshold" in sd:
-            arch_fields["threshold"] = float(sd["threshold"])
-    d_in, d_sae = int(w["W_enc"].shape[0]), int(w["W_enc"].shape[-1])
-    for key, val in (("activation_dim", d_in), ("dict_size", d_sae)):
-        if key in trainer and trainer[key] != val:
-            raise SaeFormatError(f"{w_path}: tensor 'W_enc' implies {key}={val}, config.json says {trainer[key]}")
-    k = trainer.get("k")
-    if arch in _TOPK_FAMILY and not isinstance(k, int):
-        kt = sd.get("k")
-        k = int(kt) if isinstance(kt, torch.Tensor) and kt.numel() == 1 else None
-    cfg = SaeConfig.new(
-        arch,
-        d_in,
-        d_sae,
-        k=k if arch in _TOPK_FAMILY else None,
-        dtype=_dtype_name(w["W_enc"]),
-        lam=None,
-        arch_fields=arch_fields,
-        seed=trainer.get("seed"),
-    )
-    weights = _cast_all(w, cfg)
-    _check_tensors(weights, cfg, str(w_path))
-    return weights, cfg
-

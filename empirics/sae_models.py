@@ -36,6 +36,8 @@ the ecosystem ``mse``):
   - :class:`JumpReLUFn`  (z = a·H(a − θ)): ∂z/∂a = H(a − θ); ∂z/∂θ = −(θ/ε)·K((a − θ)/ε).
   - :class:`StepFn`      (H(a − θ)):       ∂H/∂a = 0;       ∂H/∂θ = −(1/ε)·K((a − θ)/ε).
 
+  Both live in :mod:`dictcheck.empirics.straight_through` (shared with the BSF's STE gate).
+
   The forward values are exact (no smoothing). The L0 term therefore trains θ only, as in the paper.
 * ``abs`` (signed codes). **dictcheck Decision** (theory.md §4.5, "signed codes with the |z|
   penalty"; §7 "absolute-value activations give signed codes"): with u = (x − b_dec·[apply]) @ W_enc
@@ -65,11 +67,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
 import torch
 from torch import Tensor
 
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
 TOPK_FAMILY = ("topk", "batchtopk")
@@ -77,56 +79,10 @@ LAM_ARCHS = ("relu", "jumprelu", "abs")
 SAELENS_WEIGHT_NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")
 
 __all__ = [
-    "build",
-    "resolve_options",
     "ARCHS",
-    "JumpReLUFn",
     "SparseAutoencoder",
-    "StepFn",
     "make_sae",
 ]
-
-
-def _rect(u: Tensor) -> Tensor:
-    """Rectangle kernel K(u) = 1[|u| < ½]."""
-    return (u.abs() < 0.5).to(u.dtype)
-
-
-class JumpReLUFn(torch.autograd.Function):
-    """z = a·H(a − θ) with STE gradients ∂z/∂a = H(a − θ), ∂z/∂θ = −(θ/ε)·K((a − θ)/ε)."""
-
-    @staticmethod
-    def forward(ctx, a: Tensor, theta: Tensor, bandwidth: float) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(a, theta)
-        ctx.bandwidth = bandwidth
-        return a * (a > theta).to(a.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        a, theta = ctx.saved_tensors
-        eps = ctx.bandwidth
-        grad_a = grad_out * (a > theta).to(a.dtype)
-        grad_theta = -(theta / eps) * _rect((a - theta) / eps) * grad_out
-        grad_theta = grad_theta.reshape(-1, theta.shape[-1]).sum(0)
-        return grad_a, grad_theta, None
-
-
-class StepFn(torch.autograd.Function):
-    """H(a − θ) with STE gradients ∂H/∂a = 0, ∂H/∂θ = −(1/ε)·K((a − θ)/ε)."""
-
-    @staticmethod
-    def forward(ctx, a: Tensor, theta: Tensor, bandwidth: float) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(a, theta)
-        ctx.bandwidth = bandwidth
-        return (a > theta).to(a.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        a, theta = ctx.saved_tensors
-        eps = ctx.bandwidth
-        grad_theta = -(1.0 / eps) * _rect((a - theta) / eps) * grad_out
-        grad_theta = grad_theta.reshape(-1, theta.shape[-1]).sum(0)
-        return torch.zeros_like(a), grad_theta, None
 
 
 class SparseAutoencoder(Featurizer):
@@ -286,6 +242,10 @@ class SparseAutoencoder(Featurizer):
         if float(den) <= 0:
             return zero
         return scale * num / den
+
+    def wants_dead_mask(self) -> bool:
+        """AuxK needs the dead latents: the TopK family with ``aux_coef`` > 0."""
+        return self.arch in TOPK_FAMILY and self.aux_coef > 0
 
     # ------------------------------------------------------------------ decoder-norm constraint
     def project_gradients_(self) -> None:
@@ -467,30 +427,3 @@ def make_sae(
         else:
             sae.b_dec.zero_()
     return sae
-
-
-def resolve_options(arch: str, d_sae: int, k: int | None, lam: float | None, options: dict[str, Any]) -> dict[str, Any]:
-    """Training-config rules for the linear SAEs (see :mod:`empirics.architectures`).
-
-    ``k`` is required for the TopK family (1 ≤ k ≤ d_sae) and rejected otherwise; ``lam`` (finite,
-    ≥ 0) is required for relu, jumprelu and abs and rejected for the TopK family. These archs take
-    no further options. Raises ValueError.
-    """
-    if arch in TOPK_FAMILY:
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= d_sae:
-            raise ValueError(f"arch {arch!r} needs k, an int in [1, d_sae={d_sae}], got {k!r}")
-    elif k is not None:
-        raise ValueError(f"k is only used by {sorted(TOPK_FAMILY)}, got k={k!r} for arch {arch!r}")
-    if arch in LAM_ARCHS:
-        if lam is None:
-            raise ValueError(f"arch {arch!r} needs lam (its sparsity coefficient)")
-        if isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not math.isfinite(lam) or lam < 0:
-            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
-    elif lam is not None:
-        raise ValueError(f"lam is only used by {list(LAM_ARCHS)}, got lam={lam!r} for arch {arch!r}")
-    if options:
-        raise ValueError(f"arch {arch!r} takes no options, got {sorted(options)}")
-    return {}
-
-
-build = make_sae

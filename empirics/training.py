@@ -1,16 +1,20 @@
-"""Training loop for every featurizer of :mod:`empirics.architectures` (spec/ecosystem.md §3).
+"""Training loop for every featurizer of :mod:`dictcheck.empirics.architectures` (docs/ecosystem.md §3).
 
-It drives any :class:`empirics.featurizer.Featurizer`: linear SAEs (:mod:`empirics.sae_models`),
-block-sparse featurizers (``bsf-*``) and bilinear autoencoders (``bilinear-*``).
+``train(model, X, config, out=None)`` trains a model built by its architecture
+(``architecture(name).build(d_in, d_sae, options, seed=...)``, or
+:func:`dictcheck.empirics.architectures.build_model`): linear SAEs, block-sparse featurizers
+(``bsf-*``), bilinear autoencoders (``bilinear-*``) and VASAE. It writes nothing unless ``out`` is
+given; then ``out`` receives the log, the checkpoints and the SAE folder, and a killed run resumes.
+:func:`best_of_runs` trains several candidates and keeps the one with the lowest training objective.
 
 LAYOUT: ``X`` is a numpy array of shape (N, d_in), **one token per ROW** (like
-:mod:`empirics.metrics`, unlike ``theory/`` and ``solvers/``).
+:mod:`dictcheck.empirics.metrics`, unlike ``theory/`` and ``solvers/``).
 
 What :func:`train` does, per the spec:
 
 * **Optimiser.** Adam (torch defaults β = (0.9, 0.999), ε = 1e-8). Default lr: for SAEs
   2e-4/√(d_sae/2^14) (dictionary_learning's TopK rule), else the architecture's
-  (:mod:`empirics.architectures`); overridable in :class:`TrainConfig`.
+  (:meth:`Architecture.default_lr`); overridable in :class:`TrainConfig`.
   The learning rate of step s is ``lr · lr_schedule(s, steps)`` (see :func:`lr_schedule`).
 * **Gradient clipping** of the total gradient norm at 1.0 (``TrainConfig.clip_grad_norm``).
 * **Constraints.** The model's hooks: ``set_step(step)`` before each forward pass,
@@ -18,47 +22,49 @@ What :func:`train` does, per the spec:
   and once at init. Linear SAEs keep unit-norm decoder rows this way (remove the parallel gradient,
   renormalise); BSFs project blocks to unit Frobenius norm.
 * **Init.** SAE ``b_dec`` = geometric median of (up to 4096 rows of) the first batch by default;
-  ``"huber_median"`` (relu only) uses the Huber-smoothed median with the run's λ (theory §4.3);
-  ``"mean"`` and ``"zero"`` are also offered. BSFs centre by the mean by default, bilinear
-  autoencoders have no centring vector (``"none"``). The rest of the init is the architecture's
-  ``build``.
+  ``"huber_median"`` (relu only) uses the Huber-smoothed median with the model's λ (docs/theory.md
+  §4.3); ``"mean"`` and ``"zero"`` are also offered. BSFs centre by the mean by default, bilinear
+  autoencoders have no centring vector (``"none"``). The loop sets it with
+  :meth:`Featurizer.set_centring_` on a fresh run; the rest of the init is the architecture's ``build``.
 * **Batches** are drawn *with replacement* by ``torch.randint`` from a CPU ``torch.Generator``
   seeded with ``seed`` (whose state is checkpointed), so a run is deterministic under its seed.
 * **Dead latents.** A per-latent counter of training tokens since the latent last fired
   (fired = non-zero code on at least one token of the batch; the whole batch counts). A latent is
   dead when the counter is ≥ T_dead = min(10M, 25% of the training tokens steps·batch_size)
-  (at least 1). So nothing is dead during the first T_dead tokens. When ``aux_coef > 0`` the
-  dead mask (computed *before* the batch) is passed to ``forward(x, dead_mask=...)``.
+  (at least 1). So nothing is dead during the first T_dead tokens. When the model asks for it
+  (:meth:`Featurizer.wants_dead_mask`: TopK SAEs with ``aux_coef > 0``) the dead mask (computed
+  *before* the batch) is passed to ``forward(x, dead_mask=...)``.
 * **Progress.** A tqdm bar counting tokens with postfix loss, mse, l0, dead% when stderr is a
   terminal (``progress=None``), else one line to stderr every ``log_every`` steps; ``progress``
   True/False forces the bar on/off.
-* **Log.** ``out_dir/train_log.jsonl``: one JSON object per line every ``log_every`` steps and at
+* **Log.** ``out/train_log.jsonl`` (and ``TrainResult.log``): one JSON object per line every ``log_every`` steps and at
   the last step, with keys step (completed steps, 1-based), tokens, lr, loss, mse, sparsity_loss,
   aux_loss, l0 (batch means), dead_frac_train, grad_norm (before clipping), elapsed_s.
-* **Checkpoints** ``out_dir/checkpoints/ckpt_<step:08d>.pt`` every ``checkpoint_every`` steps and
+* **Checkpoints** (only with ``out``; :mod:`dictcheck.empirics.checkpoints`) ``out/checkpoints/ckpt_<step:08d>.pt`` every ``checkpoint_every`` steps and
   after the last step, each written atomically (temporary file in the same folder, fsync,
   :func:`os.replace`). Each holds the model and Adam states, the batch generator, the global torch
   (and CUDA) RNG states, the step, the dead-latent counters, the weight-relevant config and the data
-  hash. The newest ``keep_checkpoints`` are kept. ``train(..., resume=True)`` restarts from the
+  hash. The newest ``keep_checkpoints`` are kept. ``train(..., out, resume=True)`` restarts from the
   newest readable checkpoint (a fresh run when there is none), truncates the log to the steps the
   checkpoint covers and continues; on the CPU the final weights are bit-identical to an
-  uninterrupted run (same machine, same torch thread count). Resuming with a config or data that
-  changes the result raises ValueError; ``resume=False`` on a folder that already holds
+  uninterrupted run (same machine, same torch thread count). Resuming with a model, config or data
+  that changes the result raises ValueError; ``resume=False`` on a folder that already holds
   checkpoints raises FileExistsError rather than deleting them.
-* **Several processes** (``torchrun``, ``dictcheck train --nproc P``; :mod:`empirics.distributed`):
+* **Several processes** (``torchrun``, ``dictcheck train --nproc P``; :mod:`dictcheck.empirics.distributed`):
   ``batch_size`` is the global batch, every rank draws the same indices and reads only its
   contiguous 1/P of them, gradients are averaged by DistributedDataParallel, dead-latent counters
   and logged means are global, only rank 0 writes the log, checkpoints (which then also hold every
   rank's RNG state and the world size) and the folder. Resuming needs the same number of ranks.
-* **Output.** The SAE folder itself is ``out_dir`` (:func:`empirics.sae_io.save_sae`: cfg.json,
+* **Output.** The SAE folder itself is ``out`` (:func:`dictcheck.empirics.sae_folder.save_sae`: cfg.json,
   sae_weights.safetensors, sparsity.safetensors, metrics.json). ``metadata.dictcheck`` gets seed,
   n_tokens (= steps·batch_size, the training tokens processed), data_hash (sha256 hex of
   ``X``'s C-contiguous bytes) and a ``training`` block (steps, batch_size, lr, aux_coef,
-  b_dec_init, k, options (the resolved architecture options, from which
-  :func:`empirics.sae_folder.load_featurizer` rebuilds the model), T_dead, n_data_tokens, world_size).
+  b_dec_init, k, options (the resolved architecture options but k, lam and aux_coef, from which
+  :func:`dictcheck.empirics.sae_folder.load_featurizer` rebuilds the model), T_dead, n_data_tokens,
+  world_size).
 * **metrics.json** is computed on the TRAINING data (no held-out split; Decision): a seeded subset of
   ``min(N, eval_tokens)`` rows drawn without replacement. It holds
-  :func:`empirics.metrics.reconstruction_metrics` of (x, x̂) when the model reconstructs in input
+  :func:`dictcheck.empirics.metrics.reconstruction_metrics` of (x, x̂) when the model reconstructs in input
   space, the model's ``extra`` batch means averaged over tokens (e.g. bilinear ``nmse_lifted``,
   with ``eval_batch_size``), its ``firing_metrics`` (e.g. BSF ``dead_blocks``), plus ``l0``, ``dead_frac`` and
   ``n_eval_tokens`` computed streaming over the same rows (same definitions, no (N, d_sae) matrix
@@ -73,28 +79,35 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import io
 import json
 import math
 import os
-import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 
-from dictcheck.empirics.architectures import ARCHITECTURES, architecture
+from dictcheck.empirics.architectures import REGISTRY, architecture
 from dictcheck.empirics.architectures import sae_default_lr as default_lr
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.distributed import World, current_world, ddp_inexactness, rank_seed
+from dictcheck.empirics.checkpoints import (
+    CHECKPOINT_DIR,
+    CKPT_FORMAT,
+    checkpoints,
+    latest_checkpoint,
+    resume_checkpoint,
+    save_checkpoint,
+    to_cpu,
+    truncate_log,
+)
+from dictcheck.empirics.distributed import World, current_world, rank_seed
 from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.metrics import reconstruction_metrics
-from dictcheck.empirics.sae_io import SaeConfig, save_sae
+from dictcheck.empirics.sae_folder import new_sae_config, save_sae
 from dictcheck.solvers.medians import geometric_median, huber_median
 
 __all__ = [
@@ -104,6 +117,8 @@ __all__ = [
     "CHECKPOINT_DIR",
     "TrainConfig",
     "TrainResult",
+    "BestRun",
+    "best_of_runs",
     "default_lr",
     "lr_schedule",
     "t_dead",
@@ -113,22 +128,16 @@ __all__ = [
     "latest_checkpoint",
 ]
 
-#: Architectures trained here (linear SAEs, block-sparse featurizers, bilinear autoencoders).
-ARCHS: tuple[str, ...] = tuple(ARCHITECTURES)
-#: Architectures whose k is the SAELens top-level cfg field (BSF keeps its k in metadata.dictcheck.bsf).
-_TOPK_FAMILY = frozenset({"topk", "batchtopk", "vasae"})
-#: Every centring rule; each architecture allows a subset (empirics.architectures).
+#: Architectures trained here: every registered one, in registration order.
+ARCHS: tuple[str, ...] = tuple(REGISTRY)
+#: Every centring rule; each architecture allows a subset (``Architecture.b_dec_inits``).
 B_DEC_INITS: tuple[str, ...] = ("geometric_median", "huber_median", "mean", "zero", "none")
 LOG_FILE = "train_log.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-_CKPT_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
-_CKPT_FORMAT = 1
 _MEDIAN_SAMPLE = 4096
 _T_DEAD_MAX = 10_000_000
-#: TrainConfig fields that change the trained weights; a resume must match them exactly.
-_RESULT_FIELDS = ("arch", "d_sae", "k", "lam", "steps", "batch_size", "lr", "seed", "aux_coef",
-                  "b_dec_init", "clip_grad_norm", "dtype", "options")
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: TrainConfig fields that change the trained weights; a resume must match them exactly (with the model's).
+_RESULT_FIELDS = ("steps", "batch_size", "lr", "seed", "b_dec_init", "clip_grad_norm")
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 def lr_schedule(step: int, steps: int) -> float:
@@ -183,6 +192,7 @@ def data_hash(X: np.ndarray) -> str:
     return hashlib.sha256(memoryview(np.ascontiguousarray(X)).cast("B")).hexdigest()
 
 
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -193,56 +203,35 @@ def _is_real(v: Any) -> bool:
 
 @dataclass
 class TrainConfig:
-    """Training hyper-parameters (ecosystem spec §3). :meth:`validate` raises ValueError.
+    """How to train (docs/ecosystem.md §3); what to train is the model itself. :meth:`validate` raises
+    ValueError (one line).
 
-    arch: one of :data:`ARCHS`. k, lam and ``options`` (architecture options, e.g. BSF
-    ``block_size``, bilinear ``hoyer_coef``) are validated by the architecture's module
-    (:mod:`empirics.architectures`): k is required for topk/batchtopk (1 ≤ k ≤ d_sae) and for
-    bsf-vanilla/bsf-grassmann (active blocks); lam (≥ 0) for relu, jumprelu and abs.
-    aux_coef: AuxK coefficient (the model uses it for the TopK family only).
-    lr: None → the architecture's default lr (SAEs: :func:`default_lr` of d_sae), resolved at
-    construction (so after ``dataclasses.replace(cfg, d_sae=...)`` pass lr=None again).
-    checkpoint_every: 0 → only the final checkpoint. device: "auto" → CUDA when available, else CPU.
-    b_dec_init: None → the architecture's default centring rule; see :data:`B_DEC_INITS`
-    ("huber_median" needs relu and its λ). eval_tokens: rows of X used for metrics.json.
-    keep_checkpoints: how many of the newest checkpoints to keep (≥ 1).
+    lr: None → the architecture's default lr at the model's width (:meth:`Architecture.default_lr`;
+    SAEs: :func:`default_lr` of d_sae). b_dec_init: None → the architecture's default centring rule;
+    see :data:`B_DEC_INITS` ("huber_median" needs relu and its λ). seed: the batch order and any
+    randomness inside ``forward`` (the model's init has its own seed). checkpoint_every: 0 → only the
+    final checkpoint (with ``out``). device: "auto" → CUDA when available, else CPU. eval_tokens: rows
+    of X used for the metrics. keep_checkpoints: how many of the newest checkpoints to keep (≥ 1).
     """
 
-    arch: str
-    d_sae: int
-    k: int | None = None
-    lam: float | None = None
     steps: int = 1000
     batch_size: int = 4096
     lr: float | None = None
     seed: int = 0
-    aux_coef: float = 0.0
     checkpoint_every: int = 1000
     log_every: int = 100
     device: str = "auto"
     b_dec_init: str | None = None
-    dtype: str = "float32"
     clip_grad_norm: float = 1.0
     eval_tokens: int = 32768
     keep_checkpoints: int = 2
     wandb_project: str | None = None
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        arch = ARCHITECTURES.get(self.arch) if isinstance(self.arch, str) else None
-        if arch is not None:
-            if self.lr is None and _is_int(self.d_sae) and self.d_sae > 0:
-                self.lr = arch.default_lr(int(self.d_sae))
-            if self.b_dec_init is None:
-                self.b_dec_init = arch.b_dec_inits[0]
 
     def validate(self) -> None:
         def bad(msg: str) -> ValueError:
             return ValueError(f"TrainConfig: {msg}")
 
-        if not isinstance(self.arch, str) or self.arch not in ARCHS:
-            raise bad(f"arch must be one of {list(ARCHS)}, got {self.arch!r}")
-        for name in ("d_sae", "steps", "batch_size", "log_every", "eval_tokens", "keep_checkpoints"):
+        for name in ("steps", "batch_size", "log_every", "eval_tokens", "keep_checkpoints"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise bad(f"{name} must be an int >= 1, got {v!r}")
@@ -250,22 +239,12 @@ class TrainConfig:
             raise bad(f"checkpoint_every must be an int >= 0 (0 = final checkpoint only), got {self.checkpoint_every!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise bad(f"seed must be an int >= 0, got {self.seed!r}")
-        if not isinstance(self.options, dict):
-            raise bad(f"options must be a dict of architecture options, got {type(self.options).__name__}")
-        self.resolved_options()
-        if not _is_real(self.lr) or not math.isfinite(self.lr) or self.lr <= 0:
+        if self.lr is not None and (not _is_real(self.lr) or not math.isfinite(self.lr) or self.lr <= 0):
             raise bad(f"lr must be a finite number > 0, got {self.lr!r}")
-        if not _is_real(self.aux_coef) or not math.isfinite(self.aux_coef) or self.aux_coef < 0:
-            raise bad(f"aux_coef must be a finite number >= 0, got {self.aux_coef!r}")
         if not _is_real(self.clip_grad_norm) or not math.isfinite(self.clip_grad_norm) or self.clip_grad_norm <= 0:
             raise bad(f"clip_grad_norm must be a finite number > 0, got {self.clip_grad_norm!r}")
-        allowed = architecture(self.arch).b_dec_inits
-        if self.b_dec_init not in allowed:
-            raise bad(f"b_dec_init must be one of {list(allowed)} for arch {self.arch!r}, got {self.b_dec_init!r}")
-        if self.b_dec_init == "huber_median" and (self.arch != "relu" or not self.lam):
-            raise bad(f"b_dec_init 'huber_median' needs arch 'relu' with lam > 0, got arch {self.arch!r} lam={self.lam!r}")
-        if self.dtype not in _DTYPES:
-            raise bad(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.b_dec_init is not None and self.b_dec_init not in B_DEC_INITS:
+            raise bad(f"b_dec_init must be one of {list(B_DEC_INITS)}, got {self.b_dec_init!r}")
         if not isinstance(self.device, str) or not self.device:
             raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.device != "auto":
@@ -274,31 +253,48 @@ class TrainConfig:
             except (RuntimeError, ValueError):
                 raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}") from None
 
+    def for_model(self, model: Featurizer) -> TrainConfig:
+        """This config validated for ``model``, with the architecture's default lr and centring rule filled in."""
+        self.validate()
+        arch = architecture(model.arch)
+        cfg = dataclasses.replace(self, lr=arch.default_lr(int(model.d_sae)) if self.lr is None else float(self.lr),
+                                  b_dec_init=arch.b_dec_inits[0] if self.b_dec_init is None else self.b_dec_init)
+        if cfg.b_dec_init not in arch.b_dec_inits:
+            raise ValueError(f"TrainConfig: b_dec_init must be one of {list(arch.b_dec_inits)} for arch "
+                             f"{model.arch!r}, got {cfg.b_dec_init!r}")
+        lam = getattr(model.arch_options, "lam", None)
+        if cfg.b_dec_init == "huber_median" and (model.arch != "relu" or not lam):
+            raise ValueError(f"TrainConfig: b_dec_init 'huber_median' needs arch 'relu' with lam > 0, got arch "
+                             f"{model.arch!r} lam={lam!r}")
+        return cfg
+
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
-    def resolved_options(self) -> dict[str, Any]:
-        """The architecture options with every default filled in (ValueError for bad k, lam, options)."""
-        try:
-            return architecture(self.arch).resolve_options(self.d_sae, self.k, self.lam, self.options)
-        except ValueError as exc:
-            raise ValueError(f"TrainConfig: {exc}") from None
 
-    def result_fields(self) -> dict[str, Any]:
-        """The fields that change the trained weights (checked on resume); options with defaults."""
-        d = dataclasses.asdict(self)
-        d["options"] = self.resolved_options()
-        return {name: d[name] for name in _RESULT_FIELDS}
+def model_fields(model: Featurizer) -> dict[str, Any]:
+    """What identifies a model's architecture for a resume: arch, d_sae, its options and dtype."""
+    options = model.arch_options.to_dict() if model.arch_options is not None else {}
+    return {"arch": model.arch, "d_sae": int(model.d_sae), "options": json.loads(json.dumps(options)),
+            "dtype": _DTYPE_NAMES.get(_model_dtype(model), str(_model_dtype(model)))}
+
+
+def _model_dtype(model: Featurizer) -> torch.dtype:
+    for t in (*model.parameters(), *model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return torch.float32
 
 
 @dataclass
 class TrainResult:
     """What :func:`train` returns. ``weights`` are CPU tensors with SAELens names; ``model`` is the
-    trained featurizer itself (eval mode, on the training device)."""
+    trained featurizer itself (eval mode, on the training device); ``log`` holds the log records of
+    this call (one per ``log_every`` steps). ``out_dir``, ``log_path`` and ``checkpoint_path`` are
+    None when nothing was written (``out`` not given)."""
 
-    out_dir: Path
     model: Featurizer
     weights: dict[str, torch.Tensor]
     metrics: dict[str, Any]
@@ -307,15 +303,13 @@ class TrainResult:
     resumed_from: int | None
     final_loss: float
     dead_frac_train: float
-    log_path: Path
-    checkpoint_path: Path
+    log: list[dict[str, Any]]
+    out_dir: Path | None = None
+    log_path: Path | None = None
+    checkpoint_path: Path | None = None
 
 
-# ---------------------------------------------------------------------------------------------
-# checkpoints
-
-
-def _wandb_run(cfg: TrainConfig, out: Path) -> Any:
+def _wandb_run(cfg: TrainConfig, model: Featurizer, out: Path | None) -> Any:
     """A W&B run when ``cfg.wandb_project`` asks for one (ecosystem.md §3: only if installed and asked)."""
     if cfg.wandb_project is None:
         return None
@@ -324,74 +318,17 @@ def _wandb_run(cfg: TrainConfig, out: Path) -> Any:
     except ImportError:
         raise ValueError(f"W&B logging was asked for (project {cfg.wandb_project!r}) but the wandb package is "
                          "not installed: pip install wandb") from None
-    return wandb.init(project=cfg.wandb_project, dir=str(out), config=dataclasses.asdict(cfg), resume="allow")
+    return wandb.init(project=cfg.wandb_project, dir=None if out is None else str(out),
+                      config={**dataclasses.asdict(cfg), **model_fields(model)}, resume="allow")
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
 
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    if not ckpt_dir.is_dir():
-        return []
-    found = []
-    for p in ckpt_dir.iterdir():
-        m = _CKPT_RE.match(p.name)
-        if m and p.is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
-    """Path of the newest checkpoint in ``out_dir/checkpoints`` (by step), or None."""
-    found = _checkpoints(Path(out_dir) / CHECKPOINT_DIR)
-    return found[-1][1] if found else None
-
-
-def _load_checkpoint(path: Path) -> dict[str, Any] | None:
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # a checkpoint is written atomically, but be robust to foreign damage
-        return None
-    if not isinstance(ck, dict) or ck.get("format") != _CKPT_FORMAT:
-        return None
-    return ck
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers
-
-
-def _make_model(cfg: TrainConfig, d_in: int, b_dec: torch.Tensor | None,
-                factory: Callable[..., Featurizer] | None) -> Featurizer:
-    if factory is None:
-        factory = architecture(cfg.arch).build
-    return factory(
-        cfg.arch,
-        d_in,
-        cfg.d_sae,
-        k=cfg.k,
-        lam=cfg.lam,
-        aux_coef=cfg.aux_coef,
-        b_dec_init=b_dec,
-        seed=cfg.seed,
-        dtype=_DTYPES[cfg.dtype],
-        **cfg.resolved_options(),
-    )
-
-
-def _b_dec_init(cfg: TrainConfig, Xt: _Rows) -> torch.Tensor | None:
+def _b_dec_init(cfg: TrainConfig, model: Featurizer, Xt: _Rows) -> torch.Tensor | None:
     """b_dec from (up to 4096 rows of) the first batch: the rows step 0 will draw (None for "none")."""
     if cfg.b_dec_init == "none":
         return None
     if cfg.b_dec_init == "zero":
-        return torch.zeros(Xt.shape[1], dtype=_DTYPES[cfg.dtype])
+        return torch.zeros(Xt.shape[1], dtype=Xt.dtype)
     g = torch.Generator(device="cpu")
     g.manual_seed(cfg.seed)
     idx = torch.randint(Xt.shape[0], (cfg.batch_size,), generator=g)[:_MEDIAN_SAMPLE]
@@ -401,8 +338,8 @@ def _b_dec_init(cfg: TrainConfig, Xt: _Rows) -> torch.Tensor | None:
     elif cfg.b_dec_init == "geometric_median":
         b = geometric_median(sample.T).b  # solvers layout: points as columns
     else:  # huber_median, relu with its λ
-        b = huber_median(sample.T, float(cfg.lam)).b
-    return torch.as_tensor(np.asarray(b, dtype=np.float64)).to(_DTYPES[cfg.dtype])
+        b = huber_median(sample.T, float(model.arch_options.lam)).b
+    return torch.as_tensor(np.asarray(b, dtype=np.float64)).to(Xt.dtype)
 
 
 def _finite_or_none(v: Any) -> Any:
@@ -446,21 +383,6 @@ class _Progress:
             self.bar.close()
 
 
-def _truncate_log(log_path: Path, upto_step: int) -> None:
-    """Keep the well-formed records with step ≤ upto_step (drops a torn last line too)."""
-    if not log_path.exists():
-        return
-    kept = []
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= upto_step:
-            kept.append(line)
-    _atomic_write_text(log_path, "".join(s + "\n" for s in kept))
-
-
 _LOGGED_MEANS = ("loss", "mse", "sparsity_loss", "aux_loss", "l0")
 
 
@@ -470,30 +392,6 @@ def _batch_means(res: Any, world: World) -> dict[str, float]:
         return {name: float(getattr(res, name).detach()) for name in _LOGGED_MEANS}
     local = torch.stack([getattr(res, name).detach().to(torch.float64) for name in _LOGGED_MEANS])
     return dict(zip(_LOGGED_MEANS, world.mean(local).tolist()))
-
-
-def _resume_checkpoint(ckpt_dir: Path, world: World) -> dict[str, Any] | None:
-    """The newest readable checkpoint (None if there is none); rank 0 chooses it and the other ranks
-    load the same file."""
-    ck: dict[str, Any] | None = None
-    chosen: Path | None = None
-    if world.is_main:
-        for _, path in reversed(_checkpoints(ckpt_dir)):
-            ck = _load_checkpoint(path)
-            if ck is not None:
-                chosen = path
-                break
-    chosen = world.broadcast(chosen)
-    if world.is_main or chosen is None:
-        return ck
-    ck = _load_checkpoint(chosen)
-    if ck is None:
-        raise ValueError(f"checkpoint {chosen} is not readable by rank {world.rank}")
-    return ck
-
-
-# ---------------------------------------------------------------------------------------------
-# train
 
 
 class _Rows:
@@ -549,42 +447,98 @@ def _check_shape(shape: tuple[int, ...], dtype: np.dtype) -> None:
         raise ValueError(f"X must be a floating-point array, got dtype {dtype}")
 
 
+class _Checkpoints:
+    """The checkpoints of a run in ``out/checkpoints`` (rank 0 writes; every rank takes part in the
+    RNG-state gather), or nothing when there is no ``out``."""
+
+    def __init__(self, out: Path | None, world: World, keep: int) -> None:
+        self.dir = None if out is None else out / CHECKPOINT_DIR
+        self.world, self.keep = world, keep
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if world.is_main:
+                for stale in self.dir.glob(".ckpt_*.tmp"):  # left by a kill during a checkpoint write
+                    with contextlib.suppress(OSError):
+                        stale.unlink()
+
+    def path(self, step: int) -> Path | None:
+        return None if self.dir is None else self.dir / f"ckpt_{step:08d}.pt"
+
+    def existing(self) -> bool:
+        return self.dir is not None and bool(checkpoints(self.dir))
+
+    def resume(self) -> dict[str, Any] | None:
+        return None if self.dir is None else resume_checkpoint(self.dir, self.world)
+
+    def write(self, step: int, state: dict[str, Any], device: torch.device) -> Path | None:
+        """Write ``state`` (+ every rank's RNG states) as the checkpoint of ``step``; keep the newest ``keep``."""
+        rank_rng = self.world.gather(torch.get_rng_state())  # a collective: every rank takes part
+        rank_cuda_rng = self.world.gather(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
+        path = self.path(step)
+        if path is None or not self.world.is_main:
+            return path
+        save_checkpoint({**state, "format": CKPT_FORMAT, "step": step, "torch_rng": rank_rng[0],
+                         "cuda_rng": rank_cuda_rng[0] if rank_cuda_rng is not None else None,
+                         "world_size": self.world.size, "rank_rng": rank_rng, "rank_cuda_rng": rank_cuda_rng}, path)
+        for _, old in checkpoints(self.dir)[: -self.keep]:
+            with contextlib.suppress(OSError):
+                old.unlink()
+        return path
+
+
+def _check_resumable(ck: dict[str, Any], out: Path, world: World, fields: dict[str, Any], dhash: str,
+                     d_in: int) -> None:
+    """ValueError when the checkpoint was written by another number of ranks, model, config or data."""
+    if ck.get("world_size", 1) != world.size:
+        raise ValueError(f"cannot resume {out}: its checkpoint was written by {ck.get('world_size', 1)} "
+                         f"rank(s), this run has {world.size}; resume with the same number of ranks")
+    if ck["config"] != fields:
+        diff = {k: (ck["config"].get(k), v) for k, v in fields.items() if ck["config"].get(k) != v}
+        raise ValueError(f"cannot resume {out}: config differs from the checkpoint's (checkpoint, now): {diff}")
+    if ck["data_hash"] != dhash or ck["d_in"] != d_in:
+        raise ValueError(f"cannot resume {out}: the data differ from the checkpoint's (sha256 {ck['data_hash'][:12]}… "
+                         f"vs {dhash[:12]}…)")
+
+
 def train(
+    model: Featurizer,
     X: Any,
-    cfg: TrainConfig,
-    out_dir: str | os.PathLike[str],
+    config: TrainConfig | None = None,
+    out: str | os.PathLike[str] | None = None,
     *,
     resume: bool = False,
     progress: bool | None = None,
-    on_step: Callable[[int], None] | None = None,
-    model_factory: Callable[..., Any] | None = None,
     world: World | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> TrainResult:
-    """Train a featurizer on ``X`` and save it in ``out_dir``.
+    """Train ``model`` (built by its architecture) on ``X`` under ``config``; write to ``out`` if given.
 
-    ``X`` is a numpy array (N, d_in), tokens as rows, or a row store such as
-    :func:`empirics.activation_store.open_activations` returns (memory-mapped shards, read batch by
-    batch; its ``content_hash()`` stands in for the data hash).
-
-    See the module docstring for the full behaviour. ``on_step(step)`` is called after every
-    completed step (1-based; after any checkpoint of that step), e.g. for external monitoring.
-    ``model_factory`` replaces the architecture's ``build`` (:mod:`empirics.architectures`; same
-    signature as :func:`empirics.sae_models.make_sae`, plus the architecture options as keywords).
-    ``world`` (default: :func:`empirics.distributed.current_world`, i.e. the torchrun process group
-    when one is initialised) makes this one of ``world.size`` data-parallel ranks: ``batch_size`` is
-    the global batch, each rank trains on its 1/size of it, and only rank 0 writes files
-    (:mod:`empirics.distributed`). Every rank returns the same result.
-    Raises ValueError for a bad config or data (also a batch_size not divisible by the number of
+    ``X`` is an (N, d_in) float array, tokens as rows, or a row store such as
+    :func:`dictcheck.empirics.activation_store.open_activations` returns (memory-mapped shards, read
+    batch by batch; its ``content_hash()`` stands in for the data hash). See the module docstring for
+    the full behaviour. ``resume`` (needs ``out``) continues from the newest readable checkpoint, which
+    is loaded into ``model``. ``on_step(step)`` is called after every completed step (1-based; after
+    any checkpoint of that step). ``world`` (default: :func:`dictcheck.empirics.distributed.current_world`,
+    i.e. the torchrun process group when one is initialised) makes this one of ``world.size``
+    data-parallel ranks: ``batch_size`` is the global batch, each rank trains on its 1/size of it, and
+    only rank 0 writes files. Every rank returns the same result.
+    Raises ValueError for a bad config, model or data (also a batch_size not divisible by the number of
     ranks, or resuming a checkpoint written by another number of ranks), FileExistsError when
-    ``resume`` is False and ``out_dir`` already holds checkpoints, FloatingPointError on a
-    non-finite loss.
+    ``resume`` is False and ``out`` already holds checkpoints, FloatingPointError on a non-finite loss.
     """
-    cfg.validate()
+    if not isinstance(model, Featurizer) or model.arch_options is None:
+        raise ValueError("train() needs a model built by its architecture (architecture(name).build(...)), "
+                         f"got {type(model).__name__}")
+    cfg = (config or TrainConfig()).for_model(model)
+    if resume and out is None:
+        raise ValueError("resume=True needs the output folder out that holds the checkpoints")
     world = current_world() if world is None else world
-    dtype = _DTYPES[cfg.dtype]
-    Xt = _Rows(X, dtype)
+    arch = architecture(model.arch)
+    Xt = _Rows(X, _model_dtype(model))
     N, d_in = Xt.shape
-    dhash = Xt.hash
+    if d_in != model.d_in:
+        raise ValueError(f"X has {d_in} columns but the model was built for d_in = {model.d_in}")
+    d_sae = int(model.d_sae)
     device = cfg.resolved_device()
     if world.size > 1 and device.type == "cuda":
         device = torch.device("cuda", world.local_rank)
@@ -593,45 +547,33 @@ def train(
         raise ValueError(f"TrainConfig: batch_size {B} must be divisible by the number of ranks {world.size} "
                          "(batch_size is the global batch)")
     T_dead = t_dead(steps, B)
+    fields = {**model_fields(model), **{name: getattr(cfg, name) for name in _RESULT_FIELDS}}
 
-    out = Path(out_dir)
-    ckpt_dir = out / CHECKPOINT_DIR
-    log_path = out / LOG_FILE
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    if world.is_main:
-        for stale in ckpt_dir.glob(".ckpt_*.tmp"):  # left by a kill during a checkpoint write
-            with contextlib.suppress(OSError):
-                stale.unlink()
+    out_dir = None if out is None else Path(out)
+    store = _Checkpoints(out_dir, world, cfg.keep_checkpoints)
+    log_path = None if out_dir is None else out_dir / LOG_FILE
+    ck = store.resume() if resume else None
+    if ck is not None:
+        _check_resumable(ck, out_dir, world, fields, Xt.hash, d_in)
+    elif not resume and store.existing():
+        raise FileExistsError(f"{store.dir} already holds checkpoints; pass resume=True or use an empty out_dir")
 
-    ck: dict[str, Any] | None = None
-    if resume:
-        ck = _resume_checkpoint(ckpt_dir, world)
-        if ck is not None:
-            if ck.get("world_size", 1) != world.size:
-                raise ValueError(f"cannot resume {out}: its checkpoint was written by {ck.get('world_size', 1)} "
-                                 f"rank(s), this run has {world.size}; resume with the same number of ranks")
-            if ck["config"] != cfg.result_fields():
-                diff = {k: (ck["config"].get(k), v) for k, v in cfg.result_fields().items() if ck["config"].get(k) != v}
-                raise ValueError(f"cannot resume {out}: config differs from the checkpoint's (checkpoint, now): {diff}")
-            if ck["data_hash"] != dhash or ck["d_in"] != d_in:
-                raise ValueError(f"cannot resume {out}: the data differ from the checkpoint's (sha256 {ck['data_hash'][:12]}… vs {dhash[:12]}…)")
-    elif _checkpoints(ckpt_dir):
-        raise FileExistsError(f"{ckpt_dir} already holds checkpoints; pass resume=True or use an empty out_dir")
-
-    b_dec = None if ck is not None else _b_dec_init(cfg, Xt)
-    model = _make_model(cfg, d_in, b_dec, model_factory).to(device)
+    if ck is None:
+        model.set_centring_(_b_dec_init(cfg, model, Xt))
+    model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=float(cfg.lr))
     gen = torch.Generator(device="cpu")
     gen.manual_seed(cfg.seed)
-    since_fired = torch.zeros(cfg.d_sae, dtype=torch.int64, device=device)
+    since_fired = torch.zeros(d_sae, dtype=torch.int64, device=device)
     start = 0
+    records: list[dict[str, Any]] = []
 
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if ck is None:
             with torch.no_grad():
                 model.project_parameters_()
             torch.manual_seed(rank_seed(cfg.seed, world.rank))  # any randomness inside forward()
-            if world.is_main and log_path.exists():
+            if world.is_main and log_path is not None and log_path.exists():
                 log_path.unlink()
         else:
             model.load_state_dict(ck["model"])
@@ -644,50 +586,35 @@ def train(
             since_fired = ck["since_fired"].to(device)
             start = int(ck["step"])
             if world.is_main:
-                _truncate_log(log_path, start)
+                truncate_log(log_path, start)
         resumed_from = start if ck is not None else None
         net = world.wrap(model)
-        note = ddp_inexactness(cfg.arch, cfg.resolved_options(), float(cfg.aux_coef)) if world.size > 1 else None
+        note = arch.ddp_inexactness(model.arch_options) if world.size > 1 else None
         if note is not None and world.is_main:
             print(f"[dictcheck.train] note: {world.size} ranks are not exactly one process with batch {B}: {note}",
                   file=sys.stderr, flush=True)
 
-        def checkpoint(step: int) -> Path:
-            path = ckpt_dir / f"ckpt_{step:08d}.pt"
-            rank_rng = world.gather(torch.get_rng_state())  # a collective: every rank takes part
-            rank_cuda_rng = world.gather(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
-            if not world.is_main:
-                return path
-            state = {
-                "format": _CKPT_FORMAT,
-                "step": step,
+        def checkpoint(step: int) -> Path | None:
+            return store.write(step, {
                 "tokens": step * B,
                 "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                "optimizer": _to_cpu(opt.state_dict()),
+                "optimizer": to_cpu(opt.state_dict()),
                 "batch_rng": gen.get_state(),
-                "torch_rng": rank_rng[0],
-                "cuda_rng": rank_cuda_rng[0] if rank_cuda_rng is not None else None,
                 "since_fired": since_fired.detach().cpu().clone(),
-                "config": cfg.result_fields(),
-                "data_hash": dhash,
+                "config": fields,
+                "data_hash": Xt.hash,
                 "d_in": d_in,
-                "world_size": world.size,
-                "rank_rng": rank_rng,
-                "rank_cuda_rng": rank_cuda_rng,
-            }
-            _atomic_torch_save(state, path)
-            for _, old in _checkpoints(ckpt_dir)[: -cfg.keep_checkpoints]:
-                with contextlib.suppress(OSError):
-                    old.unlink()
-            return path
+            }, device)
 
         bar = _Progress(progress if world.is_main else False, steps * B, start * B)
-        wandb_run = _wandb_run(cfg, out) if world.is_main else None
+        wandb_run = _wandb_run(cfg, model, out_dir) if world.is_main else None
         t0 = time.perf_counter()
         final_loss = float("nan")
-        last_ckpt = ckpt_dir / f"ckpt_{start:08d}.pt"
+        last_ckpt = store.path(start)
+        wants_dead = model.wants_dead_mask()
         try:
-            with log_path.open("a", encoding="utf-8") if world.is_main else contextlib.nullcontext() as log:
+            writes_log = world.is_main and log_path is not None
+            with log_path.open("a", encoding="utf-8") if writes_log else contextlib.nullcontext() as log:
                 for step in range(start, steps):
                     idx = torch.randint(N, (B,), generator=gen)
                     xb = Xt[world.shard(idx)].to(device, non_blocking=False)
@@ -696,7 +623,7 @@ def train(
                         group["lr"] = lr_t
                     dead = since_fired >= T_dead
                     model.set_step(step)
-                    res = net(xb, dead_mask=dead if cfg.aux_coef > 0 else None)
+                    res = net(xb, dead_mask=dead if wants_dead else None)
                     opt.zero_grad(set_to_none=True)
                     res.loss.backward()
                     model.project_gradients_()
@@ -705,7 +632,7 @@ def train(
                     with torch.no_grad():
                         model.project_parameters_()
                     with torch.no_grad():
-                        fired = world.any((res.codes != 0).reshape(-1, cfg.d_sae).any(dim=0))
+                        fired = world.any((res.codes != 0).reshape(-1, d_sae).any(dim=0))
                         since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + B)
                     done = step + 1
                     bar.update(B)
@@ -724,10 +651,12 @@ def train(
                             "grad_norm": float(grad_norm),
                             "elapsed_s": round(time.perf_counter() - t0, 3),
                         }
+                        records.append(rec)
+                        if world.is_main:
+                            bar.report(rec, steps)
                         if log is not None:
                             log.write(json.dumps({k: _finite_or_none(v) for k, v in rec.items()}) + "\n")
                             log.flush()
-                            bar.report(rec, steps)
                         if wandb_run is not None:
                             wandb_run.log(rec, step=done)
                     if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == steps:
@@ -742,7 +671,7 @@ def train(
             if wandb_run is not None:
                 wandb_run.finish()
         if start == steps:  # resumed from the final checkpoint: only the save was missing
-            last_ckpt = ckpt_dir / f"ckpt_{steps:08d}.pt"
+            last_ckpt = store.path(steps)
             if world.is_main:
                 with contextlib.suppress(OSError, json.JSONDecodeError, IndexError):
                     lines = log_path.read_text(encoding="utf-8").splitlines()
@@ -761,42 +690,12 @@ def train(
         final_loss=final_loss,
     )
     metrics = {k: _finite_or_none(v) for k, v in metrics.items()}
-
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_weights().items()}
-    sae_cfg = SaeConfig.new(
-        cfg.arch,
-        d_in,
-        cfg.d_sae,
-        k=cfg.k if cfg.arch in _TOPK_FAMILY else None,
-        lam=cfg.lam,
-        seed=cfg.seed,
-        n_tokens=steps * B,
-        data_hash=dhash,
-        arch_fields=model.arch_fields(),
-        dtype=cfg.dtype,
-        device="cpu",
-        **_source_fields(X),
-    )
-    sae_cfg.metadata["dictcheck"]["training"] = {
-        "steps": steps,
-        "batch_size": B,
-        "lr": float(cfg.lr),
-        "lr_schedule": "warmup_min(1000,5%)_constant_lineardecay_last20%",
-        "aux_coef": float(cfg.aux_coef),
-        "b_dec_init": cfg.b_dec_init,
-        "k": cfg.k,
-        "options": cfg.resolved_options(),
-        "clip_grad_norm": float(cfg.clip_grad_norm),
-        "T_dead": T_dead,
-        "n_data_tokens": N,
-        "data_hash_kind": "sha256 of X bytes",
-        "world_size": world.size,
-    }
-    if world.is_main:
-        save_sae(out, weights, sae_cfg, sparsity=sparsity, metrics=metrics)
-    world.broadcast(None)  # no rank returns before the folder is complete
+    if out_dir is not None:
+        if world.is_main:
+            _save_folder(out_dir, model, weights, cfg, X, Xt.hash, T_dead, N, world.size, sparsity, metrics)
+        world.broadcast(None)  # no rank returns before the folder is complete
     return TrainResult(
-        out_dir=out,
         model=model,
         weights=weights,
         metrics=metrics,
@@ -805,21 +704,79 @@ def train(
         resumed_from=resumed_from,
         final_loss=final_loss,
         dead_frac_train=dead_frac_train,
+        log=records,
+        out_dir=out_dir,
         log_path=log_path,
         checkpoint_path=last_ckpt,
     )
 
 
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().clone()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
-    return obj
+def _save_folder(out: Path, model: Featurizer, weights: dict[str, torch.Tensor], cfg: TrainConfig, X: Any,
+                 dhash: str, T_dead: int, N: int, world_size: int, sparsity: torch.Tensor | None,
+                 metrics: dict[str, Any]) -> None:
+    """The SAELens-layout folder of a trained model (module docstring, "Output")."""
+    arch = architecture(model.arch)
+    top, others = arch.saved_options(model.arch_options)
+    steps, B = int(cfg.steps), int(cfg.batch_size)
+    sae_cfg = new_sae_config(
+        model.arch,
+        int(model.d_in),
+        int(model.d_sae),
+        k=top.get("k"),
+        lam=top.get("lam"),
+        seed=cfg.seed,
+        n_tokens=steps * B,
+        data_hash=dhash,
+        arch_fields=model.arch_fields(),
+        dtype=_DTYPE_NAMES[_model_dtype(model)],
+        device="cpu",
+        **_source_fields(X),
+    )
+    sae_cfg.metadata["dictcheck"]["training"] = {
+        "steps": steps,
+        "batch_size": B,
+        "lr": float(cfg.lr),
+        "lr_schedule": "warmup_min(1000,5%)_constant_lineardecay_last20%",
+        "aux_coef": float(top.get("aux_coef", 0.0)),
+        "b_dec_init": cfg.b_dec_init,
+        "k": top.get("k"),
+        "options": others,
+        "clip_grad_norm": float(cfg.clip_grad_norm),
+        "T_dead": T_dead,
+        "n_data_tokens": N,
+        "data_hash_kind": "sha256 of X bytes",
+        "world_size": world_size,
+    }
+    save_sae(out, weights, sae_cfg, sparsity=sparsity, metrics=metrics)
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class BestRun(Generic[T, R]):
+    """The run :func:`best_of_runs` kept (its candidate, result and index), and every run's result and
+    objective in candidate order."""
+
+    candidate: T
+    result: R
+    chosen: int
+    objectives: list[float]
+    results: list[R]
+
+
+def best_of_runs(candidates: Sequence[T], run: Callable[[T], R], objective: Callable[[R], float]) -> BestRun[T, R]:
+    """Run every candidate (e.g. a (seed, lr) pair) in order and keep the run with the lowest training
+    ``objective`` (the first on ties). The choice looks only at what ``objective`` reads (the training
+    objective), never at a verdict; every run's objective is returned."""
+    if not candidates:
+        raise ValueError("best_of_runs needs at least one candidate")
+    results = [run(c) for c in candidates]
+    objectives = [float(objective(r)) for r in results]
+    chosen = min(range(len(results)), key=lambda i: objectives[i])
+    return BestRun(candidate=candidates[chosen], result=results[chosen], chosen=chosen, objectives=objectives,
+                   results=results)
 
 
 @torch.no_grad()
@@ -840,13 +797,13 @@ def _evaluate(model: Featurizer, Xt: _Rows, cfg: TrainConfig, device: torch.devi
     x_parts, xh_parts = [], []
     extra_sums: dict[str, float] = {}
     extra_weight = 0
-    fire = torch.zeros(cfg.d_sae, dtype=torch.int64)
+    fire = torch.zeros(model.d_sae, dtype=torch.int64)
     nnz = 0
     chunk = max(1, min(cfg.batch_size, 8192))
     for i in range(0, n_eval, chunk):
         xb = Xt[rows[i : i + chunk]]
         res = model(xb.to(device))
-        active = (res.codes.detach().reshape(xb.shape[0], cfg.d_sae) != 0).cpu()
+        active = (res.codes.detach().reshape(xb.shape[0], model.d_sae) != 0).cpu()
         fire += active.sum(dim=0)
         nnz += int(active.sum())
         weight = xb.shape[0] if res.extra_tokens is None else res.extra_tokens
@@ -870,5 +827,5 @@ def _evaluate(model: Featurizer, Xt: _Rows, cfg: TrainConfig, device: torch.devi
     metrics["dead_frac"] = float((fire == 0).double().mean())
     metrics["n_eval_tokens"] = int(n_eval)
     freq = fire.to(torch.float64) / n_eval
-    sparsity = torch.log10(freq).to(_DTYPES[cfg.dtype])  # -inf where a latent never fired
+    sparsity = torch.log10(freq).to(Xt.dtype)  # -inf where a latent never fired
     return metrics, sparsity

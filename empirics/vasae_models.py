@@ -38,15 +38,13 @@ model directory, or a path to a ``.npy`` (V, D) file) and :meth:`VocabAnchoredSA
 stores the source and the SHA-256 of its float32 bytes under ``metadata.dictcheck.vasae``.
 
 Init (Decision, following the authors' ``nn.Linear`` layers): W_enc, b_enc ~ U(±1/√D) and
-W_dec ~ U(±1/√d_z) from a generator seeded by ``seed``; b_dec = ``b_dec_init`` or 0.
+W_dec ~ U(±1/√d_z) from a generator seeded by ``seed``; b_dec = 0 (the training loop sets the centring vector).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import math
-import numbers
 import os
 from typing import Any
 
@@ -63,13 +61,10 @@ __all__ = [
     "TIES",
     "VocabAnchoredSAE",
     "anchor_loss",
-    "build",
     "default_chunk",
     "embedding_sha256",
     "load_embedding",
-    "make_vasae",
     "nearest_tokens",
-    "resolve_options",
     "top_tokens",
 ]
 
@@ -82,15 +77,6 @@ TIES = ("none", "hard")
 CHUNK_BYTES = 256 * 10**6
 _NORM_EPS = 1e-8
 _SAVE_NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")
-_DEFAULTS: dict[str, Any] = {
-    "anchor_coef": 0.0,
-    "anchor_every": 1,
-    "anchor_mode": "nearest",
-    "anchor_chunk": None,
-    "anchor_source": None,
-    "tie": "none",
-    "vocab_ids": None,
-}
 
 
 # ------------------------------------------------------------------------------------------ math
@@ -190,7 +176,7 @@ def load_embedding(source: str) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------- model
 class VocabAnchoredSAE(Featurizer):
-    """VASAE (arch ``vasae``); see the module docstring. Build with :func:`make_vasae` or :func:`build`."""
+    """VASAE (arch ``vasae``); see the module docstring. Build with :func:`dictcheck.empirics.architectures.vasae.make_vasae`."""
 
     arch = "vasae"
 
@@ -310,124 +296,3 @@ class VocabAnchoredSAE(Featurizer):
     def extra_repr(self) -> str:
         return (f"d_in={self.d_in}, d_sae={self.d_sae}, k={self.k}, anchor_coef={self.anchor_coef}, "
                 f"anchor_every={self.anchor_every}, anchor_mode={self.anchor_mode!r}, tie={self.tie!r}")
-
-
-# -------------------------------------------------------------------------------- construction
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def resolve_options(arch: str, d_sae: int, k: int | None, lam: float | None, options: dict[str, Any],
-                    *, embedding_given: bool = False) -> dict[str, Any]:
-    """Validate k (1 ≤ k ≤ d_sae), lam (must be None: VASAE has no λ) and the options; fill defaults.
-
-    Options (JSON values): ``anchor_coef`` λ_anchor ≥ 0 (default 0 = the plain SAE), ``anchor_every``
-    M ≥ 1 (1), ``anchor_mode`` in :data:`ANCHOR_MODES` ("nearest"), ``anchor_chunk`` int ≥ 1 or None
-    (auto: ≤ 256 MB per block), ``anchor_source`` (str or None; required when λ_anchor > 0 or
-    tie = "hard", unless ``embedding_given``: the caller passes W_E itself), ``tie`` in :data:`TIES`
-    ("none"), ``vocab_ids`` (None, or d_sae distinct token ids; hard tie only). Raises ValueError (one line).
-    """
-    if arch != "vasae":
-        raise ValueError(f"empirics.vasae_models builds arch 'vasae', got {arch!r}")
-    if not _is_int(k) or not 1 <= k <= d_sae:
-        raise ValueError(f"arch 'vasae' needs k, an int in [1, d_sae={d_sae}], got {k!r}")
-    if lam is not None:
-        raise ValueError(f"arch 'vasae' has no lam (its sparsity is TopK; use options anchor_coef), got lam={lam!r}")
-    unknown = sorted(set(options) - set(_DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown vasae options {unknown}; known: {sorted(_DEFAULTS)}")
-    o = {**_DEFAULTS, **options}
-    c = o["anchor_coef"]
-    if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c) or c < 0:
-        raise ValueError(f"anchor_coef must be a finite number >= 0, got {c!r}")
-    o["anchor_coef"] = float(c)
-    if not _is_int(o["anchor_every"]) or o["anchor_every"] < 1:
-        raise ValueError(f"anchor_every must be an int >= 1, got {o['anchor_every']!r}")
-    if o["anchor_mode"] not in ANCHOR_MODES:
-        raise ValueError(f"anchor_mode must be one of {ANCHOR_MODES}, got {o['anchor_mode']!r}")
-    if o["anchor_chunk"] is not None and (not _is_int(o["anchor_chunk"]) or o["anchor_chunk"] < 1):
-        raise ValueError(f"anchor_chunk must be an int >= 1 or null (auto), got {o['anchor_chunk']!r}")
-    if o["tie"] not in TIES:
-        raise ValueError(f"tie must be one of {TIES}, got {o['tie']!r}")
-    src = o["anchor_source"]
-    if src is not None and (not isinstance(src, str) or not src):
-        raise ValueError(f"anchor_source must be a non-empty string or null, got {src!r}")
-    if src is None and not embedding_given and (o["anchor_coef"] > 0 or o["tie"] == "hard"):
-        raise ValueError("vasae with anchor_coef > 0 or tie='hard' needs anchor_source (a model name or a .npy path)")
-    if o["tie"] == "hard" and o["anchor_coef"] > 0:
-        raise ValueError("tie='hard' fixes the decoder to W_E, so anchor_coef must be 0")
-    ids = o["vocab_ids"]
-    if ids is not None:
-        if o["tie"] != "hard":
-            raise ValueError("vocab_ids selects the rows of W_E a hard-tied decoder uses; it needs tie='hard'")
-        if not isinstance(ids, (list, tuple)) or not all(_is_int(v) and v >= 0 for v in ids):
-            raise ValueError("vocab_ids must be a list of non-negative token ids")
-        if len(ids) != d_sae or len(set(ids)) != len(ids):
-            raise ValueError(f"vocab_ids must hold d_sae={d_sae} distinct token ids, got {len(ids)} ({len(set(ids))} distinct)")
-        o["vocab_ids"] = [int(v) for v in ids]
-    return o
-
-
-def make_vasae(d_in: int, d_sae: int, *, k: int, embedding: np.ndarray | Tensor | None = None,
-               anchor_coef: float = 0.0, anchor_every: int = 1, anchor_mode: str = "nearest",
-               anchor_chunk: int | None = None, anchor_source: str | None = None, tie: str = "none",
-               vocab_ids: list[int] | None = None, b_dec_init: Tensor | None = None, seed: int = 0,
-               dtype: torch.dtype = torch.float32) -> VocabAnchoredSAE:
-    """Build and initialise a VASAE (module docstring). ``embedding`` (a float (V, D) array, kept
-    in its dtype) overrides loading it from ``anchor_source``. ValueError for bad options, or a hard tie whose W_E (rows) is not (d_sae, d_in)."""
-    for name, v in (("d_in", d_in), ("d_sae", d_sae)):
-        if not _is_int(v) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    opts = resolve_options("vasae", d_sae, k, None, {
-        "anchor_coef": anchor_coef, "anchor_every": anchor_every, "anchor_mode": anchor_mode,
-        "anchor_chunk": anchor_chunk, "anchor_source": anchor_source, "tie": tie, "vocab_ids": vocab_ids},
-        embedding_given=embedding is not None)
-    E: np.ndarray | None = None
-    if embedding is not None:
-        E = np.array(embedding.detach().cpu().numpy() if isinstance(embedding, Tensor) else embedding)
-        if E.ndim != 2 or E.dtype.kind != "f" or not np.isfinite(E).all():
-            raise ValueError(f"embedding must be a finite (V, D) matrix, got shape {list(E.shape)}")
-    elif tie == "hard":
-        E = load_embedding(opts["anchor_source"])
-    if E is not None and E.shape[1] != d_in:
-        raise ValueError(f"embedding width D={E.shape[1]} differs from the SAE's d_in={d_in}")
-    model = VocabAnchoredSAE(d_in, d_sae, k=k, embedding=E, dtype=dtype, **{
-        n: opts[n] for n in ("anchor_coef", "anchor_every", "anchor_mode", "anchor_chunk", "anchor_source", "tie",
-                             "vocab_ids")})
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
-
-    def uniform(shape: tuple[int, ...], bound: float) -> Tensor:
-        return ((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound).to(dtype)
-
-    with torch.no_grad():
-        model.W_enc.copy_(uniform((d_in, d_sae), 1 / math.sqrt(d_in)))
-        model.b_enc.copy_(uniform((d_sae,), 1 / math.sqrt(d_in)))
-        model.W_dec.copy_(uniform((d_sae, d_in), 1 / math.sqrt(d_sae)))
-        if tie == "hard":
-            assert E is not None
-            ids = opts["vocab_ids"]
-            if ids is None and E.shape[0] != d_sae:
-                raise ValueError(f"tie='hard' needs d_sae = n_vocab: W_E is {E.shape[0]}x{E.shape[1]} but the SAE is "
-                                 f"d_sae={d_sae}, d_in={d_in} (or pass vocab_ids, d_sae token ids)")
-            if ids is not None and max(ids) >= E.shape[0]:
-                raise ValueError(f"vocab_ids holds token id {max(ids)} >= n_vocab={E.shape[0]}")
-            model.W_dec.copy_(torch.as_tensor(E if ids is None else E[ids]).to(dtype))
-            model.b_dec.zero_()
-        elif b_dec_init is not None:
-            b = torch.as_tensor(b_dec_init)
-            if tuple(b.shape) != (d_in,) or not bool(torch.isfinite(b).all()):
-                raise ValueError(f"b_dec_init must be a finite tensor of shape [{d_in}], got {list(b.shape)}")
-            model.b_dec.copy_(b.to(dtype))
-    return model
-
-
-def build(arch: str, d_in: int, d_sae: int, *, k: int | None = None, lam: float | None = None,
-          aux_coef: float = 0.0, b_dec_init: Tensor | None = None, seed: int = 0,
-          dtype: torch.dtype = torch.float32, **options: Any) -> VocabAnchoredSAE:
-    """:mod:`empirics.architectures` entry point: :func:`resolve_options` then :func:`make_vasae`.
-    VASAE has no AuxK: ``aux_coef`` > 0 raises ValueError."""
-    if aux_coef:
-        raise ValueError(f"arch 'vasae' has no AuxK term, got aux_coef={aux_coef!r}")
-    opts = resolve_options(arch, d_sae, k, lam, options)
-    assert k is not None
-    return make_vasae(d_in, d_sae, k=k, b_dec_init=b_dec_init, seed=seed, dtype=dtype, **opts)

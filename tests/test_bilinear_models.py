@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.bilinear_models import ARCHS, HOYER_WARMUP_STEPS, build, hoyer_mean, resolve_options
-from dictcheck.empirics.sae_folder import load_featurizer
-from dictcheck.empirics.sae_io import SaeConfig, load_sae, save_sae
+from dictcheck.empirics.architectures import architecture, build_model
+from dictcheck.empirics.bilinear_models import ARCHS, HOYER_WARMUP_STEPS, hoyer_mean
+from dictcheck.empirics.sae_folder import load_featurizer, load_sae, new_sae_config, save_sae
 from dictcheck.theory.bilinear_lifted import (
     BilinearDictionary,
     block_pairs,
@@ -63,7 +63,11 @@ def _batch(seed: int, B: int, D: int) -> torch.Tensor:
 
 
 def _model(arch: str, opts: dict, D: int = 5, d_sae: int = 7, seed: int = 0, **extra):
-    return build(arch, D, d_sae, seed=seed, dtype=torch.float64, **{**opts, **extra})
+    return build_model(arch, D, d_sae, {**opts, **extra}, seed=seed, dtype=torch.float64)
+
+
+def _resolve(arch: str, d_sae: int, opts: dict) -> dict:
+    return architecture(arch).options(opts, d_sae).to_dict()
 
 
 # ----------------------------------------------------------------------------- kernel loss (theory)
@@ -324,7 +328,7 @@ def test_l0_counts_nonzero_codes():
 # ----------------------------------------------------------------------------- init, save/load, options
 @pytest.mark.parametrize("arch,opts", MODEL_VARIANTS)
 def test_init_is_seeded_and_initial_loss_below_one(arch, opts):
-    a, b, c = (build(arch, 12, 96, seed=s, **opts) for s in (4, 4, 5))
+    a, b, c = (build_model(arch, 12, 96, opts, seed=s) for s in (4, 4, 5))
     for (n, p), (_, q), (_, r) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
         assert torch.equal(p, q) and not torch.equal(p, r), n
     x = torch.randn(512, 12, generator=torch.Generator().manual_seed(0))
@@ -335,7 +339,7 @@ def test_init_is_seeded_and_initial_loss_below_one(arch, opts):
 def test_state_weights_round_trip_through_save_format(arch, opts, tmp_path):
     model = _model(arch, opts, hoyer_coef=0.2, tile=2)
     weights = model.state_weights()
-    cfg = SaeConfig.new(arch, model.d_in, model.d_sae, arch_fields=model.arch_fields(), dtype="float64")
+    cfg = new_sae_config(arch, model.d_in, model.d_sae, arch_fields=model.arch_fields(), dtype="float64")
     save_sae(tmp_path / "m", weights, cfg)
     loaded, cfg2 = load_sae(tmp_path / "m")
     fresh = _model(arch, opts, seed=99)
@@ -370,32 +374,31 @@ def test_arch_fields_and_forms():
         np.testing.assert_allclose(np.einsum("nd,jde,ne->nj", X, W, X), model(x).codes.detach().numpy(), rtol=1e-10, atol=1e-13)
 
 
-def test_resolve_options_defaults_and_errors():
-    assert resolve_options("bilinear-quadratic", 8, None, None, {}) == {"hoyer_coef": 0.1, "decoder": "symmetric", "tile": 0}
-    assert resolve_options("bilinear-atomic", 8, None, None, {"tile": 4}) == {"hoyer_coef": 0.1, "tile": 4}
-    assert resolve_options("bilinear-compound", 8, None, None, {}) == {
-        "hoyer_coef": 0.1, "n_atoms": 16, "k_c": 8, "c_l1": 0.0, "tile": 0
-    }
-    assert resolve_options("bilinear-compound", 2, None, None, {})["k_c"] == 4  # min(8, n_atoms)
+def test_options_defaults_and_errors():
+    assert _resolve("bilinear-quadratic", 8, {}) == {"hoyer_coef": 0.1, "tile": 0, "decoder": "symmetric"}
+    assert _resolve("bilinear-atomic", 8, {"tile": 4}) == {"hoyer_coef": 0.1, "tile": 4}
+    assert _resolve("bilinear-compound", 8, {}) == {"hoyer_coef": 0.1, "n_atoms": 16, "k_c": 8, "c_l1": 0.0, "tile": 0}
+    assert _resolve("bilinear-compound", 2, {})["k_c"] == 4  # min(8, n_atoms)
     bad = [
-        ("bilinear-quadratic", 3, None, {}, "takes no k"),
-        ("bilinear-atomic", None, 0.1, {}, "takes no lam"),
-        ("bilinear-atomic", None, None, {"decoder": "symmetric"}, "unknown option"),
-        ("bilinear-quadratic", None, None, {"decoder": "both"}, "decoder must be"),
-        ("bilinear-quadratic", None, None, {"hoyer_coef": -0.1}, "hoyer_coef"),
-        ("bilinear-quadratic", None, None, {"hoyer_coef": float("nan")}, "hoyer_coef"),
-        ("bilinear-atomic", None, None, {"tile": -1}, "tile"),
-        ("bilinear-atomic", None, None, {"tile": 2.5}, "tile"),
-        ("bilinear-compound", None, None, {"n_atoms": 4, "k_c": 5}, "k_c must be <="),
-        ("bilinear-compound", None, None, {"n_atoms": 0}, "n_atoms"),
-        ("bilinear-compound", None, None, {"c_l1": True}, "c_l1"),
-        ("relu", None, None, {}, "arch must be"),
+        ("bilinear-quadratic", {"k": 3}, "does not take option"),
+        ("bilinear-atomic", {"lam": 0.1}, "does not take option"),
+        ("bilinear-atomic", {"decoder": "symmetric"}, "does not take option"),
+        ("bilinear-quadratic", {"decoder": "both"}, "decoder must be"),
+        ("bilinear-quadratic", {"hoyer_coef": -0.1}, "hoyer_coef"),
+        ("bilinear-quadratic", {"hoyer_coef": float("nan")}, "hoyer_coef"),
+        ("bilinear-atomic", {"tile": -1}, "tile"),
+        ("bilinear-atomic", {"tile": 2.5}, "tile"),
+        ("bilinear-compound", {"n_atoms": 4, "k_c": 5}, "k_c must be <="),
+        ("bilinear-compound", {"n_atoms": 0}, "n_atoms"),
+        ("bilinear-compound", {"c_l1": True}, "c_l1"),
     ]
-    for arch, k, lam, opts, msg in bad:
+    for arch, opts, msg in bad:
         with pytest.raises(ValueError, match=msg):
-            resolve_options(arch, 8, k, lam, opts)
-    with pytest.raises(ValueError, match="b_dec_init"):
-        build("bilinear-atomic", 4, 8, b_dec_init=torch.zeros(4))
+            _resolve(arch, 8, opts)
+    with pytest.raises(ValueError, match="arch must be"):
+        architecture("bilinear-cubic")
+    with pytest.raises(ValueError, match="no centring vector"):
+        _model("bilinear-atomic", {}).set_centring_(torch.zeros(5))
     assert set(ARCHS) == {"bilinear-quadratic", "bilinear-atomic", "bilinear-compound"}
 
 
@@ -416,9 +419,9 @@ def test_trains_and_saves_through_the_shared_loop(arch, opts, tmp_path):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 5)) @ rng.normal(size=(5, 5))
     X[::7] = 0.0  # zero rows are dropped: evaluation weights each batch by its real tokens
-    cfg = TrainConfig(arch=arch, d_sae=7, steps=40, batch_size=64, seed=1, device="cpu", dtype="float64",
-                      checkpoint_every=0, log_every=40, keep_checkpoints=1, eval_tokens=400, options=dict(opts))
-    res = train(X, cfg, tmp_path / "m", progress=False)
+    cfg = TrainConfig(steps=40, batch_size=64, seed=1, device="cpu", checkpoint_every=0, log_every=40,
+                      keep_checkpoints=1, eval_tokens=400)
+    res = train(_model(arch, opts, seed=1), X, cfg, tmp_path / "m", progress=False)
     model, _ = load_featurizer(tmp_path / "m")
     x = torch.from_numpy(X)
     assert _f(model(x).mse) == pytest.approx(res.metrics["nmse_lifted"], rel=1e-10)

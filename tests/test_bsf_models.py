@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dictcheck.empirics.architectures import architecture
-from dictcheck.empirics.bsf_models import ARCHS, BlockGateFn, BlockSparseFeaturizer, build, resolve_options
+from dictcheck.empirics.architectures import architecture, build_model
+from dictcheck.empirics.bsf_models import ARCHS, BlockSparseFeaturizer
+from dictcheck.empirics.straight_through import StepFn
 from dictcheck.empirics.featurizer import FeaturizerOutput
 from dictcheck.theory.block_sparse import block_soft_threshold as np_soft_threshold
 from dictcheck.theory.block_sparse import block_topk as np_topk
@@ -29,6 +31,17 @@ def _kw(arch: str, **extra) -> dict:
 
 def _model(arch: str, *, seed: int = 0, dtype=F64, **extra) -> BlockSparseFeaturizer:
     return build(arch, D, N_B * Q, seed=seed, dtype=dtype, **_kw(arch, **extra))
+
+
+def build(arch: str, d_in: int, d_sae: int, *, seed: int = 0, dtype=torch.float32, b_dec_init=None, **options):
+    """The architecture's model (options as keywords), with an optional centring vector."""
+    model = build_model(arch, d_in, d_sae, options, seed=seed, dtype=dtype)
+    model.set_centring_(b_dec_init)
+    return model
+
+
+def resolve_options(arch: str, d_sae: int, options: dict) -> dict:
+    return architecture(arch).options(options, d_sae).to_dict()
 
 
 def _x(seed: int = 1, n: int = 16, d: int = D) -> torch.Tensor:
@@ -63,25 +76,25 @@ def _adam_steps(model: BlockSparseFeaturizer, x: torch.Tensor, steps: int, after
 # ----------------------------------------------------------------------------------------------- options
 
 
-def test_resolve_options_fills_defaults():
-    assert resolve_options("bsf-vanilla", 8, 2, None, {"block_size": 2}) == {"block_size": 2, "denoise": 0.1}
-    assert resolve_options("bsf-grouplasso", 8, None, None, {"block_size": 4}) == {
-        "block_size": 4, "denoise": 0.1, "c_gl": 1e-2, "gate": "shrink"}
-    assert resolve_options("bsf-grouplasso", 32, None, None, {"block_size": 2, "gate": "ste"})["k_target"] == 16
-    assert architecture("bsf-grassmann").resolve_options(8, 1, None, {"block_size": 8, "denoise": 0}) == {
-        "block_size": 8, "denoise": 0.0}
+def test_options_fill_defaults():
+    assert resolve_options("bsf-vanilla", 8, {"k": 2, "block_size": 2}) == {"block_size": 2, "denoise": 0.1, "k": 2}
+    assert resolve_options("bsf-grouplasso", 8, {"block_size": 4}) == {
+        "block_size": 4, "denoise": 0.1, "c_gl": 1e-2, "gate": "shrink", "k_target": None}
+    assert resolve_options("bsf-grouplasso", 32, {"block_size": 2, "gate": "ste"})["k_target"] == 16
+    assert resolve_options("bsf-grassmann", 8, {"k": 1, "block_size": 8, "denoise": 0}) == {
+        "block_size": 8, "denoise": 0.0, "k": 1}
 
 
 @pytest.mark.parametrize("arch, d_sae, k, lam, options, message", [
-    ("bsf-nope", 8, 2, None, {"block_size": 2}, "unknown BSF"),
+    ("bsf-nope", 8, 2, None, {"block_size": 2}, "arch must be one of"),
     ("bsf-vanilla", 8, 2, None, {}, "requires the option block_size"),
     ("bsf-vanilla", 8, 2, None, {"block_size": 3}, "must divide"),
-    ("bsf-vanilla", 8, 2, None, {"block_size": 0}, "positive int"),
+    ("bsf-vanilla", 8, 2, None, {"block_size": 0}, "block_size must be an int >= 1"),
     ("bsf-vanilla", 8, None, None, {"block_size": 2}, "requires k"),
     ("bsf-grassmann", 8, 5, None, {"block_size": 2}, r"k must be an int in \[1, n_b=4\]"),
     ("bsf-vanilla", 8, 0, None, {"block_size": 2}, "k must be"),
-    ("bsf-grouplasso", 8, 2, None, {"block_size": 2}, "takes no k"),
-    ("bsf-vanilla", 8, 2, 0.1, {"block_size": 2}, "takes no lam"),
+    ("bsf-grouplasso", 8, 2, None, {"block_size": 2}, r"does not take option\(s\) \['k'\]"),
+    ("bsf-vanilla", 8, 2, 0.1, {"block_size": 2}, r"does not take option\(s\) \['lam'\]"),
     ("bsf-vanilla", 8, 2, None, {"block_size": 2, "c_gl": 0.1}, "does not take option"),
     ("bsf-vanilla", 8, 2, None, {"block_size": 2, "denoise": -0.1}, "denoise must be"),
     ("bsf-vanilla", 8, 2, None, {"block_size": 2, "denoise": math.nan}, "denoise must be"),
@@ -90,9 +103,10 @@ def test_resolve_options_fills_defaults():
     ("bsf-grouplasso", 8, None, None, {"block_size": 2, "gate": "ste"}, "k_target = 16 exceeds n_b = 4"),
     ("bsf-grouplasso", 8, None, None, {"block_size": 2, "k_target": 2}, "only to gate='ste'"),
 ])
-def test_resolve_options_rejects(arch, d_sae, k, lam, options, message):
+def test_options_reject(arch, d_sae, k, lam, options, message):
+    given = {**options, **({} if k is None else {"k": k}), **({} if lam is None else {"lam": lam})}
     with pytest.raises(ValueError, match=message):
-        resolve_options(arch, d_sae, k, lam, options)
+        resolve_options(arch, d_sae, given)
 
 
 def test_build_rejects_bad_arguments():
@@ -301,7 +315,7 @@ def test_ste_gate_cold_start_and_gradients():
     # The step's θ-gradient is the rectangle kernel; no gradient reaches the norms through H.
     theta = model.theta.detach().requires_grad_(True)
     norms_req = norms.detach().requires_grad_(True)
-    BlockGateFn.apply(norms_req, theta, 0.2).sum().backward()
+    StepFn.apply(norms_req, theta, 0.2, True).sum().backward()
     kernel = ((norms - theta.detach()).abs() <= 0.1).to(F64)
     assert torch.allclose(theta.grad, -(kernel / 0.2).sum(0))
     assert not norms_req.grad.any()
@@ -328,7 +342,8 @@ def test_state_weights_round_trip(arch, extra):
     assert torch.equal(src(x).x_hat, dst(x).x_hat)
     fields = src.arch_fields()
     assert (fields["n_b"], fields["q"], fields["k"]) == (N_B, Q, K if arch != "bsf-grouplasso" else None)
-    assert resolve_options(arch, N_B * Q, fields["k"], None, src.options()) == src.options()
+    given = {**src.options(), **({} if fields["k"] is None else {"k": fields["k"]})}
+    assert {n: v for n, v in resolve_options(arch, N_B * Q, given).items() if v is not None} == given
     with pytest.raises(ValueError, match="unexpected tensors"):
         dst.load_state_weights({**weights, "extra": torch.zeros(1)})
     name = next(n for n in weights if n != "b_dec")
@@ -351,19 +366,19 @@ def test_firing_metrics_count_dead_blocks():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_training_loop_saves_a_loadable_folder(arch, tmp_path):
     """empirics.training.train drives the BSF; the saved folder reloads into an identical model."""
-    from dictcheck.empirics.sae_io import load_sae
+    from dictcheck.empirics.sae_folder import load_sae
     from dictcheck.empirics.training import TrainConfig, train
 
     X = np.random.default_rng(0).normal(size=(64, D))
-    cfg = TrainConfig(arch=arch, d_sae=N_B * Q, k=K if arch != "bsf-grouplasso" else None,
-                      options={"block_size": Q}, steps=3, batch_size=16, seed=0, device="cpu", dtype="float64",
-                      checkpoint_every=0, log_every=3, keep_checkpoints=1, eval_tokens=64)
-    result = train(X, cfg, tmp_path, progress=False)
+    cfg = TrainConfig(steps=3, batch_size=16, seed=0, device="cpu", checkpoint_every=0, log_every=3,
+                      keep_checkpoints=1, eval_tokens=64)
+    result = train(_model(arch), X, cfg, tmp_path, progress=False)
     trained = result.model
     weights, saved = load_sae(tmp_path)
     fields = saved.metadata["dictcheck"]["bsf"]
     assert (fields["n_b"], fields["q"]) == (N_B, Q)
-    model = build(arch, D, N_B * Q, k=fields["k"], dtype=F64, **{n: fields[n] for n in trained.options()})
+    k = {} if fields["k"] is None else {"k": fields["k"]}
+    model = build(arch, D, N_B * Q, dtype=F64, **k, **{n: fields[n] for n in trained.options()})
     model.load_state_weights(weights)
     model.eval()
     assert not trained.training  # train() returns its model in eval mode

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dictcheck.empirics.sae_io import SaeConfig, save_sae
+from dictcheck.empirics.sae_folder import new_sae_config, save_sae
 from dictcheck.empirics.sae_models import make_sae
 from dictcheck.empirics.toy_data import make_toy
 from dictcheck.proofs_checks.cli import main
@@ -25,7 +25,7 @@ def _save(tmp: Path, arch: str, W_dec: np.ndarray, b_dec: np.ndarray, lam: float
     weights["W_dec"] = torch.as_tensor(W_dec)
     weights["W_enc"] = torch.as_tensor(W_dec.T.copy())
     weights["b_dec"] = torch.as_tensor(b_dec)
-    cfg = SaeConfig.new(arch, d_in, d_sae, k=k, lam=lam, dtype="float64")
+    cfg = new_sae_config(arch, d_in, d_sae, k=k, lam=lam, dtype="float64")
     out = tmp / arch
     save_sae(out, weights, cfg)
     return out

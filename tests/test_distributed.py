@@ -19,16 +19,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dictcheck.empirics.activation_store import FORMAT, MANIFEST, open_activations
-from dictcheck.empirics.distributed import World, ddp_inexactness, rank_seed
-from dictcheck.empirics.sae_io import load_sae
+from dictcheck.empirics.architectures import architecture, build_model
+from dictcheck.empirics.distributed import World, rank_seed
+from dictcheck.empirics.sae_folder import load_sae
 from dictcheck.empirics.training import TrainConfig, train
 from dictcheck.proofs_checks.cli import build_parser, main
 from dictcheck.proofs_checks.cli.train import _root_failure, _worker_argv
 
 REPO = Path(__file__).resolve().parents[1]
 #: Per-rank batch 16, global batch 32; float64 makes the DDP/one-process comparison tight.
-_RUN = dict(arch="topk", k=3, d_sae=32, steps=30, batch_size=32, seed=3, checkpoint_every=10, log_every=5,
-            dtype="float64", device="cpu")
+_MODEL = dict(arch="topk", k=3, d_sae=32, dtype="float64")
+_RUN = dict(steps=30, batch_size=32, seed=3, checkpoint_every=10, log_every=5, device="cpu")
+
+
+def _model(d_in: int = 12):
+    """The model the CLI builds for _MODEL + _RUN (init seed = --seed)."""
+    return build_model("topk", d_in, 32, {"k": 3}, seed=_RUN["seed"], dtype=torch.float64)
 
 
 def _data(n: int = 400, d: int = 12) -> np.ndarray:
@@ -52,8 +58,8 @@ def _write_store(X: np.ndarray, out: Path, shard_rows: int) -> Path:
 
 
 def _cli_args(data: Path, out: Path) -> list[str]:
-    flags = {k: v for k, v in _RUN.items() if k != "arch"}
-    return ["train", "--arch", _RUN["arch"], "--data", str(data), "--out", str(out),
+    flags = {k: v for k, v in {**_MODEL, **_RUN}.items() if k != "arch"}
+    return ["train", "--arch", _MODEL["arch"], "--data", str(data), "--out", str(out),
             *[a for k, v in flags.items() for a in ("--" + k.replace("_", "-"), str(v))]]
 
 
@@ -69,7 +75,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     tmp = tmp_path_factory.mktemp("ddp")
     X = _data()
     store = _write_store(X, tmp / "store", shard_rows=150)
-    single = train(X, TrainConfig(**_RUN), tmp / "single", progress=False)
+    single = train(_model(), X, TrainConfig(**_RUN), tmp / "single", progress=False)
     proc = _launch(_cli_args(store, tmp / "ddp") + ["--json"])
     assert proc.returncode == 0, proc.stderr
     return SimpleNamespace(tmp=tmp, store=store, single=single, ddp_dir=tmp / "ddp", proc=proc)
@@ -114,7 +120,7 @@ def test_killed_rank_fails_with_one_line_and_resume_finishes_exactly(runs: Simpl
         assert torch.equal(a[name], b[name]), name
     # one process cannot continue a two-rank run
     with pytest.raises(ValueError, match="written by 2 rank"):
-        train(open_activations(runs.store), TrainConfig(**_RUN), out, resume=True, progress=False)
+        train(_model(), open_activations(runs.store), TrainConfig(**_RUN), out, resume=True, progress=False)
 
 
 @settings(max_examples=20, deadline=None)
@@ -129,7 +135,7 @@ def test_shards_partition_the_global_batch(size: int, per_rank: int, seed: int) 
 
 def test_batch_not_divisible_by_ranks_is_a_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="divisible by the number of ranks 3"):
-        train(_data(40), TrainConfig(**_RUN), tmp_path / "o", world=World(rank=0, size=3))
+        train(_model(), _data(40), TrainConfig(**_RUN), tmp_path / "o", world=World(rank=0, size=3))
 
 
 def test_rank_seeds() -> None:
@@ -137,16 +143,23 @@ def test_rank_seeds() -> None:
     assert len({rank_seed(s, r) for s in range(3) for r in range(4)}) == 12
 
 
+def ddp_inexactness(arch: str, options: dict) -> str | None:
+    a = architecture(arch)
+    return a.ddp_inexactness(a.options(options, 8))
+
+
 def test_inexact_architectures_are_named() -> None:
-    for arch, options in [("relu", {}), ("topk", {}), ("jumprelu", {}), ("abs", {}),
-                          ("bsf-vanilla", {"denoise": 0.0}), ("bsf-grouplasso", {"denoise": 0.0, "gate": "shrink"}),
-                          ("vasae", {"anchor_coef": 0.1})]:
-        assert ddp_inexactness(arch, options, 0.0) is None, arch
-    assert "AuxK" in ddp_inexactness("topk", {}, 1 / 32)
-    assert "top k·B/P" in ddp_inexactness("batchtopk", {}, 0.0)
-    assert "denois" in ddp_inexactness("bsf-grassmann", {"denoise": 0.1}, 0.0)
-    assert "cold start" in ddp_inexactness("bsf-grouplasso", {"denoise": 0.0, "gate": "ste"}, 0.0)
-    assert "Hoyer" in ddp_inexactness("bilinear-quadratic", {}, 0.0)
+    for arch, options in [("relu", {"lam": 0.1}), ("topk", {"k": 2}), ("jumprelu", {"lam": 0.1}), ("abs", {"lam": 0.1}),
+                          ("bsf-vanilla", {"k": 1, "block_size": 2, "denoise": 0.0}),
+                          ("bsf-grouplasso", {"block_size": 2, "denoise": 0.0, "gate": "shrink"}),
+                          ("vasae", {"k": 2, "anchor_coef": 0.1, "anchor_source": "x.npy"})]:
+        assert ddp_inexactness(arch, options) is None, arch
+    assert "AuxK" in ddp_inexactness("topk", {"k": 2, "aux_coef": 1 / 32})
+    assert "top k·B/P" in ddp_inexactness("batchtopk", {"k": 2})
+    assert "denois" in ddp_inexactness("bsf-grassmann", {"k": 1, "block_size": 2, "denoise": 0.1})
+    assert "cold start" in ddp_inexactness("bsf-grouplasso", {"block_size": 2, "denoise": 0.0, "gate": "ste",
+                                                              "k_target": 2})
+    assert "Hoyer" in ddp_inexactness("bilinear-quadratic", {})
 
 
 def test_worker_argv_round_trips_without_nproc() -> None:

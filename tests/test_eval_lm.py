@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from dictcheck.empirics.sae_io import SaeConfig, save_sae
+from dictcheck.empirics.sae_folder import new_sae_config, save_sae
 from dictcheck.proofs_checks.cli import eval_lm as cmd_eval_lm
 from dictcheck.proofs_checks.errors import UserError
 
@@ -26,7 +26,7 @@ def _save_identity_topk(path, d: int = 16) -> None:
     eye = torch.eye(d)
     weights = {"W_enc": torch.cat([eye, -eye], 1), "b_enc": torch.zeros(2 * d), "W_dec": torch.cat([eye, -eye], 0),
                "b_dec": torch.zeros(d)}
-    save_sae(path, weights, SaeConfig.new("topk", d, 2 * d, k=d))
+    save_sae(path, weights, new_sae_config("topk", d, 2 * d, k=d))
 
 
 def test_identity_sae_report(tmp_path, capsys) -> None:

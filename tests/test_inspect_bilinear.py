@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from dictcheck.empirics.bilinear_models import build
-from dictcheck.empirics.sae_io import SaeConfig, save_sae
+from dictcheck.empirics.architectures import build_model
+from dictcheck.empirics.sae_folder import new_sae_config, save_sae
 from dictcheck.proofs_checks.cli import inspect_bilinear as cmd_inspect_bilinear
 from dictcheck.proofs_checks.cli import OneLineParser, main
 from dictcheck.theory.quadric_geometry import FactoredForms, readout
@@ -35,8 +35,8 @@ def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 def _save(tmp_path: Path, arch: str, **options) -> tuple[Path, FactoredForms]:
-    model = build(arch, 5, 4, seed=1, dtype=torch.float64, **options)
-    cfg = SaeConfig.new(arch, 5, 4, arch_fields=model.arch_fields(), dtype="float64")
+    model = build_model(arch, 5, 4, options, seed=1, dtype=torch.float64)
+    cfg = new_sae_config(arch, 5, 4, arch_fields=model.arch_fields(), dtype="float64")
     out = save_sae(tmp_path / arch, model.state_weights(), cfg)
     return out, FactoredForms.from_dictionary(model.dictionary())
 
@@ -104,7 +104,7 @@ def test_missing_folder_wrong_arch_and_wrong_data(tmp_path: Path, monkeypatch: p
     assert _run(["inspect-bilinear", str(tmp_path / "nope")], monkeypatch) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "file is missing" in err
-    cfg = SaeConfig.new("topk", 3, 2, k=1)
+    cfg = new_sae_config("topk", 3, 2, k=1)
     linear = {"W_enc": torch.zeros(3, 2), "b_enc": torch.zeros(2), "W_dec": torch.zeros(2, 3), "b_dec": torch.zeros(3)}
     folder = save_sae(tmp_path / "topk", linear, cfg)
     assert _run(["inspect-bilinear", str(folder)], monkeypatch) == 2

@@ -12,6 +12,10 @@ import safetensors.torch
 import torch
 
 from dictcheck.empirics import sae_io
+from dictcheck.empirics.architectures import REGISTRY, architecture
+from dictcheck.empirics.foreign_saes import load_dictionary_learning, load_sparsify
+from dictcheck.empirics.sae_folder import arch_fields_of, arch_of, load_sae, new_sae_config, save_sae
+from dictcheck.empirics.sae_folder import schema_of as expected_shapes
 from dictcheck.empirics.sae_io import (
     CFG_FILE,
     METRICS_FILE,
@@ -19,15 +23,17 @@ from dictcheck.empirics.sae_io import (
     WEIGHTS_FILE,
     SaeConfig,
     SaeFormatError,
-    expected_shapes,
-    load_dictionary_learning,
     load_metrics,
-    load_sae,
-    load_sparsify,
     load_sparsity,
-    save_sae,
-    saved_architecture,
 )
+
+
+def saved_architecture(arch: str) -> str:
+    """The saved SAELens ``architecture`` string of a registered arch (SaeFormatError for others)."""
+    try:
+        return architecture(arch).saved_name
+    except ValueError as exc:
+        raise SaeFormatError(str(exc)) from None
 
 D, Z = 6, 12
 
@@ -39,12 +45,12 @@ ARCH_FIELDS = {
     "bilinear-quadratic": {"prior": "quadratic", "decoder": "symmetric"},
     "vasae": {"anchor_coeff": 0.1, "anchor_mode": "nearest", "anchor_topk": 10, "decoder_mode": "learnable"},
 }
-ALL_ARCHS = sorted(sae_io.SAVED_ARCHITECTURE)
+ALL_ARCHS = sorted(REGISTRY)
 
 
 def make_cfg(arch: str, dtype: str = "float32", **kw) -> SaeConfig:
     k = 3 if arch in ("topk", "batchtopk", "vasae") else None
-    return SaeConfig.new(
+    return new_sae_config(
         arch,
         D,
         Z,
@@ -120,7 +126,7 @@ def test_round_trip_every_arch(tmp_path: Path, arch: str):
     save_sae(tmp_path, w, cfg)
     w2, cfg2 = load_sae(tmp_path)
     assert cfg2 == cfg
-    assert cfg2.arch == arch
+    assert arch_of(cfg2) == arch
     assert set(w2) == set(w)
     for name in w:
         assert w2[name].dtype == w[name].dtype
@@ -166,7 +172,7 @@ def test_metadata_dictcheck_preserved(tmp_path: Path):
     assert dc["version"] and dc["decoder_norm_policy"] == "none"
     assert dc["hook"] == {"module": "model.layers.5", "output": "output", "hidden_states_index": 6}
     assert dc["vasae"] == ARCH_FIELDS["vasae"]
-    assert cfg2.arch_fields == ARCH_FIELDS["vasae"]
+    assert arch_fields_of(cfg2) == ARCH_FIELDS["vasae"]
     assert cfg2.architecture == "topk" and cfg2.k == 3 and cfg2.apply_b_dec_to_input is False
 
 
@@ -197,7 +203,7 @@ def test_unknown_top_level_fields_ignored_and_not_required(tmp_path: Path):
     w = make_weights(make_cfg("relu"))
     safetensors.torch.save_file(w, tmp_path / WEIGHTS_FILE)
     _, cfg3 = load_sae(tmp_path)
-    assert cfg3.arch == "relu" and cfg3.apply_b_dec_to_input is True and cfg3.dtype == "float32"
+    assert arch_of(cfg3) == "relu" and cfg3.apply_b_dec_to_input is True and cfg3.dtype == "float32"
 
 
 def test_legacy_top_level_metadata_migrated(tmp_path: Path):
@@ -370,13 +376,13 @@ def test_save_validates_before_writing(tmp_path: Path):
 
 def test_bsf_and_compound_require_arch_fields():
     with pytest.raises(SaeFormatError) as e:
-        SaeConfig.new("bsf-vanilla", D, Z, arch_fields={"n_b": 4})
+        new_sae_config("bsf-vanilla", D, Z, arch_fields={"n_b": 4})
     assert_one_line(e, "bsf.q")
     with pytest.raises(SaeFormatError) as e:
-        SaeConfig.new("bsf-vanilla", D, Z, arch_fields={"n_b": 5, "q": 3})
+        new_sae_config("bsf-vanilla", D, Z, arch_fields={"n_b": 5, "q": 3})
     assert_one_line(e, "d_sae")
     with pytest.raises(SaeFormatError) as e:
-        SaeConfig.new("bilinear-compound", D, Z)
+        new_sae_config("bilinear-compound", D, Z)
     assert_one_line(e, "n_atoms")
 
 
@@ -460,7 +466,7 @@ def test_load_sparsify(tmp_path: Path):
     (tmp_path / "cfg.json").write_text(json.dumps({"expansion_factor": 2, "normalize_decoder": True,
                                                    "num_latents": Z, "k": 4, "d_in": D}))
     w, cfg = load_sparsify(tmp_path)
-    assert cfg.arch == "topk" and cfg.k == 4 and cfg.d_in == D and cfg.d_sae == Z
+    assert arch_of(cfg) == "topk" and cfg.k == 4 and cfg.d_in == D and cfg.d_sae == Z
     assert torch.equal(w["W_enc"], enc.T) and torch.equal(w["W_dec"], t["W_dec"])
     save_sae(tmp_path / "ours", w, cfg)
     w2, cfg2 = load_sae(tmp_path / "ours")
@@ -489,12 +495,12 @@ def test_load_dictionary_learning(tmp_path: Path, cls_name: str):
         {"trainer": {"dict_class": cls_name, "activation_dim": D, "dict_size": Z, "seed": 1}}))
     w, cfg = load_dictionary_learning(tmp_path)
     if cls_name == "JumpReluAutoEncoder":
-        assert cfg.arch == "jumprelu" and torch.equal(w["threshold"], sd["threshold"])
+        assert arch_of(cfg) == "jumprelu" and torch.equal(w["threshold"], sd["threshold"])
     else:
         assert torch.equal(w["W_enc"], sd["encoder.weight"].T)
         assert torch.equal(w["W_dec"], sd["decoder.weight"].T)
     if cls_name == "AutoEncoderTopK":
-        assert cfg.arch == "topk" and cfg.k == 3
+        assert arch_of(cfg) == "topk" and cfg.k == 3
     save_sae(tmp_path / "ours", w, cfg)
     w2, cfg2 = load_sae(tmp_path / "ours")
     assert cfg2 == cfg
@@ -504,15 +510,15 @@ def test_load_dictionary_learning(tmp_path: Path, cls_name: str):
 def _reference_encode_decode(w, cfg: SaeConfig, x: torch.Tensor):
     x_in = x - w["b_dec"] if cfg.apply_b_dec_to_input else x
     pre = x_in @ w["W_enc"] + w["b_enc"]
-    if cfg.arch == "relu":
+    if arch_of(cfg) == "relu":
         z = torch.relu(pre)
-    elif cfg.arch in ("topk", "batchtopk"):
+    elif arch_of(cfg) in ("topk", "batchtopk"):
         vals, idx = torch.relu(pre).topk(cfg.k, dim=-1)
         z = torch.zeros_like(pre).scatter(-1, idx, vals)
-    elif cfg.arch == "jumprelu":
+    elif arch_of(cfg) == "jumprelu":
         z = torch.relu(pre) * (pre > w["threshold"])
     else:  # pragma: no cover
-        raise AssertionError(cfg.arch)
+        raise AssertionError(arch_of(cfg))
     return z, z @ w["W_dec"] + w["b_dec"]
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dictcheck.empirics.featurizer import FeaturizerOutput
-from dictcheck.empirics.sae_models import ARCHS, JumpReLUFn, SparseAutoencoder, StepFn, make_sae
+from dictcheck.empirics.sae_models import ARCHS, SparseAutoencoder, make_sae
+from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
 from dictcheck.theory.objective import sae_objective
 
 D_IN, D_SAE, B = 8, 24, 16

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from dictcheck.empirics.sae_io import load_metrics, load_sae, load_sparsity
+from dictcheck.empirics.architectures import build_model
+from dictcheck.empirics.sae_folder import load_sae
+from dictcheck.empirics.sae_io import load_metrics, load_sparsity
 from dictcheck.empirics.training import (
     CHECKPOINT_DIR,
     LOG_FILE,
@@ -38,11 +40,25 @@ def _data(n: int = 512, d: int = 12, seed: int = 0) -> np.ndarray:
     return (codes @ atoms + 0.05 * rng.standard_normal((n, d)) + 0.5).astype(np.float32)
 
 
+_MODEL = ("arch", "d_sae", "options")
+_TOPK = {"k": 3, "aux_coef": 1 / 32}
+
+
 def _cfg(**kw) -> TrainConfig:
-    base = dict(arch="topk", d_sae=32, k=3, steps=40, batch_size=32, seed=3, checkpoint_every=10,
-                log_every=7, device="cpu", aux_coef=1 / 32)
-    base.update(kw)
+    base = dict(steps=40, batch_size=32, seed=3, checkpoint_every=10, log_every=7, device="cpu")
+    base.update({k: v for k, v in kw.items() if k not in _MODEL})
     return TrainConfig(**base)
+
+
+def _model(X: np.ndarray, arch: str = "topk", d_sae: int = 32, options: dict | None = None, seed: int = 3,
+           dtype: torch.dtype = torch.float32):
+    return build_model(arch, X.shape[1], d_sae, _TOPK if options is None else options, seed=seed, dtype=dtype)
+
+
+def _train(X: np.ndarray, out, *, resume: bool = False, progress: bool | None = False, **kw):
+    """Build the model (init seed = the config's seed, as the CLI does) and train it into ``out``."""
+    model = _model(X, **{k: v for k, v in kw.items() if k in _MODEL}, seed=kw.get("seed", 3))
+    return train(model, X, _cfg(**kw), out, resume=resume, progress=progress)
 
 
 def _assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -90,8 +106,10 @@ def test_lr_schedule_key_steps():
 
 def test_defaults():
     assert default_lr(2**14) == pytest.approx(2e-4)
-    assert TrainConfig(arch="topk", d_sae=2**16, k=8).lr == pytest.approx(1e-4)
-    assert TrainConfig(arch="topk", d_sae=64, k=8, lr=1e-3).lr == 1e-3
+    wide = build_model("topk", 4, 2**16, {"k": 8})
+    assert TrainConfig().for_model(wide).lr == pytest.approx(1e-4)
+    assert TrainConfig(lr=1e-3).for_model(wide).lr == 1e-3
+    assert TrainConfig().for_model(wide).b_dec_init == "geometric_median"
     assert t_dead(100, 64) == 1600
     assert t_dead(10**6, 4096) == 10_000_000
     assert t_dead(1, 1) == 1
@@ -104,36 +122,43 @@ def test_defaults():
     "kw, match",
     [
         (dict(arch="gated"), "arch"),
-        (dict(k=None), "needs k"),
-        (dict(k=33), "needs k"),
-        (dict(arch="relu", k=None), "needs lam"),
-        (dict(arch="relu", k=None, lam=-1.0), "lam"),
-        (dict(lam=0.1), "lam is only used"),
+        (dict(options={}), "needs k"),
+        (dict(options={"k": 33}), "needs k"),
+        (dict(arch="relu", options={}), "needs lam"),
+        (dict(arch="relu", options={"lam": -1.0}), "lam"),
+        (dict(options={"k": 3, "lam": 0.1}), r"does not take option\(s\) \['lam'\]"),
         (dict(b_dec_init="huber_median"), "huber_median"),
         (dict(b_dec_init="median"), "b_dec_init"),
+        (dict(arch="relu", options={"lam": 0.1}, b_dec_init="none"), "b_dec_init"),
         (dict(lr=-1e-3), "lr"),
         (dict(batch_size=0), "batch_size"),
         (dict(steps=0), "steps"),
         (dict(checkpoint_every=-1), "checkpoint_every"),
-        (dict(aux_coef=float("nan")), "aux_coef"),
-        (dict(dtype="int8"), "dtype"),
+        (dict(options={"k": 3, "aux_coef": float("nan")}), "aux_coef"),
         (dict(device="tpu:x"), "device"),
     ],
 )
 def test_bad_config_raises(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
-        train(_data(64), _cfg(**kw), tmp_path)
+        _train(_data(64), tmp_path, **kw)
 
 
-def test_bad_data_raises(tmp_path):
+def test_bad_model_or_data_raises(tmp_path):
     X = _data(64)
+    model = _model(X)
     with pytest.raises(ValueError, match="shape"):
-        train(X[:, 0], _cfg(), tmp_path)
+        train(model, X[:, 0], _cfg(), tmp_path)
+    with pytest.raises(ValueError, match="d_in = 12"):
+        train(model, X[:, :5], _cfg(), tmp_path)
+    with pytest.raises(ValueError, match="built by its architecture"):
+        train(torch.nn.Linear(2, 2), X, _cfg(), tmp_path)
+    with pytest.raises(ValueError, match="resume=True needs"):
+        train(model, X, _cfg(), resume=True)
     X[3, 2] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        train(X, _cfg(), tmp_path)
+        train(model, X, _cfg(), tmp_path)
     with pytest.raises(ValueError, match="numpy"):
-        train(torch.zeros(4, 4), _cfg(), tmp_path)
+        train(model, torch.zeros(4, 4), _cfg(), tmp_path)
 
 
 # ------------------------------------------------------------------------------- determinism, files
@@ -141,39 +166,56 @@ def test_bad_data_raises(tmp_path):
 
 def test_deterministic_under_seed(tmp_path):
     X = _data()
-    r1 = train(X, _cfg(), tmp_path / "a", progress=False)
-    r2 = train(X, _cfg(), tmp_path / "b", progress=False)
+    r1 = _train(X, tmp_path / "a")
+    r2 = _train(X, tmp_path / "b")
     _assert_same_weights(r1.weights, r2.weights)
     assert _strip_time(_log(r1.log_path)) == _strip_time(_log(r2.log_path))
-    r3 = train(X, _cfg(seed=4), tmp_path / "c", progress=False)
+    assert _strip_time(r1.log) == _strip_time(_log(r1.log_path))
+    r3 = _train(X, tmp_path / "c", seed=4)
     assert not torch.equal(r1.weights["W_dec"], r3.weights["W_dec"])
+
+
+def test_without_out_nothing_is_written_and_the_result_is_the_same(tmp_path, monkeypatch):
+    X = _data()
+    on_disk = _train(X, tmp_path / "a")
+    monkeypatch.chdir(tmp_path)
+    in_memory = _train(X, None)
+    _assert_same_weights(on_disk.weights, in_memory.weights)
+    assert in_memory.out_dir is None and in_memory.log_path is None and in_memory.checkpoint_path is None
+    assert _strip_time(in_memory.log) == _strip_time(_log(on_disk.log_path))
+    assert in_memory.metrics == on_disk.metrics
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
 @pytest.mark.parametrize(
     "kw",
     [
         dict(),
-        dict(arch="relu", k=None, lam=0.05, b_dec_init="huber_median"),
+        dict(arch="relu", options={"lam": 0.05}, b_dec_init="huber_median"),
         dict(arch="batchtopk", b_dec_init="mean"),
-        dict(arch="jumprelu", k=None, lam=0.01, b_dec_init="zero"),
-        dict(arch="abs", k=None, lam=0.05),
+        dict(arch="jumprelu", options={"lam": 0.01}, b_dec_init="zero"),
+        dict(arch="abs", options={"lam": 0.05}),
     ],
 )
 def test_saved_folder_log_and_metrics(tmp_path, kw):
     X = _data()
     cfg = _cfg(**kw)
-    res = train(X, cfg, tmp_path, progress=False)
+    res = _train(X, tmp_path, **kw)
     weights, sae_cfg = load_sae(tmp_path)
     _assert_same_weights(weights, res.weights)
     dc = sae_cfg.dictcheck
-    assert dc["arch"] == cfg.arch and dc["seed"] == cfg.seed
+    arch = kw.get("arch", "topk")
+    assert dc["arch"] == arch and dc["seed"] == cfg.seed
     assert dc["n_tokens"] == cfg.steps * cfg.batch_size
     assert dc["data_hash"] == data_hash(X)
     assert dc["training"]["T_dead"] == t_dead(cfg.steps, cfg.batch_size)
-    if cfg.arch == "batchtopk":
+    if arch == "batchtopk":
         assert dc["batchtopk"]["threshold"] > 0
+    assert dc["lam"] == kw.get("options", {}).get("lam")
+    assert dc["training"]["k"] == (None if "options" in kw else 3)
+    assert dc["training"]["aux_coef"] == (0.0 if "options" in kw else 1 / 32)
     # unit-norm decoder rows
-    assert torch.allclose(weights["W_dec"].norm(dim=1), torch.ones(cfg.d_sae), atol=1e-5)
+    assert torch.allclose(weights["W_dec"].norm(dim=1), torch.ones(32), atol=1e-5)
     # log: one JSON object per line, every log_every steps plus the last
     lines = (tmp_path / LOG_FILE).read_text().splitlines()
     recs = [json.loads(line) for line in lines]
@@ -188,30 +230,26 @@ def test_saved_folder_log_and_metrics(tmp_path, kw):
     assert m["n_eval_tokens"] == X.shape[0] and m["eval_split"] == "train"
     assert m["ve"] > 0.0
     sp = load_sparsity(tmp_path)
-    assert sp is not None and sp.shape == (cfg.d_sae,)
+    assert sp is not None and sp.shape == (32,)
     # checkpoints: only the newest keep_checkpoints, the final one included
     names = sorted(p.name for p in (tmp_path / CHECKPOINT_DIR).iterdir())
     assert names == ["ckpt_00000030.pt", "ckpt_00000040.pt"]
 
 
 def test_progress_line_when_not_a_tty(tmp_path, capsys):
-    train(_data(128), _cfg(steps=14), tmp_path, progress=None)
+    _train(_data(128), tmp_path, steps=14, progress=None)
     err = capsys.readouterr().err
     assert "step 7/14" in err and "step 14/14" in err and "dead" in err
-    train(_data(128), _cfg(steps=14), tmp_path / "bar", progress=True)  # tqdm bar path runs
+    _train(_data(128), tmp_path / "bar", steps=14, progress=True)  # tqdm bar path runs
 
 
 def test_dead_latents_tracked_and_fed_to_auxk(tmp_path):
-    from dictcheck.empirics.sae_models import make_sae
-
-    def factory(*args, **kwargs):  # latents 16.. can never fire (and get no gradient)
-        m = make_sae(*args, **kwargs)
-        with torch.no_grad():
-            m.b_enc[16:] = -1e6
-        return m
-
+    X = _data()
+    model = _model(X)
+    with torch.no_grad():  # latents 16.. can never fire (and get no gradient)
+        model.b_enc[16:] = -1e6
     cfg = _cfg(steps=40, batch_size=32)  # T_dead = 1280 // 4 = 320 tokens = 10 steps
-    res = train(_data(), cfg, tmp_path, progress=False, model_factory=factory)
+    res = train(model, X, cfg, tmp_path, progress=False)
     recs = _log(res.log_path)
     assert recs[0]["step"] == 7 and recs[0]["dead_frac_train"] == 0.0 and recs[0]["aux_loss"] == 0.0
     assert all(r["dead_frac_train"] >= 0.5 and r["aux_loss"] > 0.0 for r in recs[1:])
@@ -220,22 +258,24 @@ def test_dead_latents_tracked_and_fed_to_auxk(tmp_path):
 
 def test_resume_guards(tmp_path):
     X = _data()
-    train(X, _cfg(steps=20), tmp_path, progress=False)
+    _train(X, tmp_path, steps=20)
     with pytest.raises(FileExistsError):
-        train(X, _cfg(steps=20), tmp_path)
+        _train(X, tmp_path, steps=20)
     with pytest.raises(ValueError, match="config differs"):
-        train(X, _cfg(steps=20, seed=9), tmp_path, resume=True)
+        _train(X, tmp_path, steps=20, seed=9, resume=True)
+    with pytest.raises(ValueError, match="config differs"):
+        _train(X, tmp_path, steps=20, options={"k": 4, "aux_coef": 1 / 32}, resume=True)
     with pytest.raises(ValueError, match="data differ"):
-        train(X + 1, _cfg(steps=20), tmp_path, resume=True)
+        _train(X + 1, tmp_path, steps=20, resume=True)
 
 
 def test_resume_after_finish_only_redoes_the_save(tmp_path):
     X = _data()
-    r1 = train(X, _cfg(steps=20), tmp_path, progress=False)
+    r1 = _train(X, tmp_path, steps=20)
     (tmp_path / "cfg.json").unlink()
     with (tmp_path / LOG_FILE).open("a") as fh:
         fh.write('{"step": 21, "loss": 1.0')  # a torn line
-    r2 = train(X, _cfg(steps=20), tmp_path, resume=True, progress=False)
+    r2 = _train(X, tmp_path, steps=20, resume=True)
     assert r2.resumed_from == 20
     _assert_same_weights(r1.weights, r2.weights)
     assert [r["step"] for r in _log(r2.log_path)] == [7, 14, 20]
@@ -244,7 +284,7 @@ def test_resume_after_finish_only_redoes_the_save(tmp_path):
 
 def test_resume_in_process_from_middle_checkpoint(tmp_path):
     X = _data()
-    ref = train(X, _cfg(keep_checkpoints=10), tmp_path / "ref", progress=False)
+    ref = _train(X, tmp_path / "ref", keep_checkpoints=10)
     part = tmp_path / "part"
     (part / CHECKPOINT_DIR).mkdir(parents=True)
     src = tmp_path / "ref" / CHECKPOINT_DIR / "ckpt_00000020.pt"
@@ -252,7 +292,7 @@ def test_resume_in_process_from_middle_checkpoint(tmp_path):
     # the log as a kill just after step 22 would leave it: lines past the checkpoint, a torn tail
     lines = (tmp_path / "ref" / LOG_FILE).read_text().splitlines()
     (part / LOG_FILE).write_text("\n".join(lines[:3]) + "\n" + lines[3][:9])
-    res = train(X, _cfg(keep_checkpoints=10), part, resume=True, progress=False)
+    res = _train(X, part, keep_checkpoints=10, resume=True)
     assert res.resumed_from == 20
     _assert_same_weights(ref.weights, res.weights)
     assert _strip_time(_log(res.log_path)) == _strip_time(_log(ref.log_path))
@@ -263,24 +303,26 @@ def test_resume_in_process_from_middle_checkpoint(tmp_path):
 _CHILD = """
 import json, sys, time
 import numpy as np
+from dictcheck.empirics.architectures import build_model
 from dictcheck.empirics.training import TrainConfig, train
 X = np.load(sys.argv[1])
-cfg = TrainConfig(**json.loads(sys.argv[2]))
-train(X, cfg, sys.argv[3], progress=False, on_step=lambda s: time.sleep(0.01))
+kw = json.loads(sys.argv[2])
+model = build_model("topk", X.shape[1], 48, kw.pop("options"), seed=kw["seed"])
+train(model, X, TrainConfig(**kw), sys.argv[3], progress=False, on_step=lambda s: time.sleep(0.01))
 print("FINISHED")
 """
 
 
 def test_sigkill_then_resume_is_bit_identical(tmp_path):
     X = _data(1024)
-    kw = dict(arch="topk", d_sae=48, k=2, steps=300, batch_size=32, seed=11, checkpoint_every=5,
-              log_every=3, device="cpu", aux_coef=1 / 32)
+    options = {"k": 2, "aux_coef": 1 / 32}
+    kw = dict(steps=300, batch_size=32, seed=11, checkpoint_every=5, log_every=3, device="cpu")
     np.save(tmp_path / "X.npy", X)
     run_dir = tmp_path / "killed"
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "X.npy"), json.dumps(kw), str(run_dir)],
+        [sys.executable, "-c", _CHILD, str(tmp_path / "X.npy"), json.dumps({**kw, "options": options}), str(run_dir)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
@@ -304,10 +346,11 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     killed_at = int(ck.stem.split("_")[1])
     assert 0 < killed_at < kw["steps"]
 
-    cfg = TrainConfig(**kw)
-    resumed = train(X, cfg, run_dir, resume=True, progress=False)
+    resumed = train(build_model("topk", 12, 48, options, seed=11), X, TrainConfig(**kw), run_dir, resume=True,
+                    progress=False)
     assert resumed.resumed_from is not None and 0 < resumed.resumed_from < kw["steps"]
-    reference = train(X, TrainConfig(**kw), tmp_path / "reference", progress=False)
+    reference = train(build_model("topk", 12, 48, options, seed=11), X, TrainConfig(**kw), tmp_path / "reference",
+                      progress=False)
     _assert_same_weights(reference.weights, resumed.weights)
     w_saved, _ = load_sae(run_dir)
     _assert_same_weights(reference.weights, w_saved)

@@ -9,15 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dictcheck.empirics.architectures import architecture, build_model
+from dictcheck.empirics.architectures.vasae import make_vasae
 from dictcheck.empirics.vasae_models import (
     ANCHOR_TOPK,
     anchor_loss,
-    build,
     default_chunk,
     embedding_sha256,
-    make_vasae,
     nearest_tokens,
-    resolve_options,
     top_tokens,
 )
 
@@ -203,7 +202,7 @@ def test_hard_tie_size_mismatch_is_a_one_line_error() -> None:
 @pytest.mark.parametrize("k,lam,options,message", [
     (None, None, {}, "needs k"),
     (13, None, {}, "needs k"),
-    (2, 0.1, {}, "has no lam"),
+    (2, 0.1, {}, r"does not take option\(s\) \['lam'\]"),
     (2, None, {"anchor_coef": -1.0}, "anchor_coef must be"),
     (2, None, {"anchor_coef": 1e-4}, "needs anchor_source"),
     (2, None, {"anchor_every": 0}, "anchor_every must be"),
@@ -213,43 +212,44 @@ def test_hard_tie_size_mismatch_is_a_one_line_error() -> None:
     (2, None, {"tie": "hard", "anchor_source": "x.npy", "anchor_coef": 1.0}, "anchor_coef must be 0"),
     (2, None, {"vocab_ids": [1] * 12}, "needs tie='hard'"),
     (2, None, {"tie": "hard", "anchor_source": "x.npy", "vocab_ids": [1] * 12}, "distinct"),
-    (2, None, {"bogus": 1}, "unknown vasae options"),
+    (2, None, {"bogus": 1}, "does not take option"),
 ])
-def test_resolve_options_rejects_bad_input(k, lam, options, message) -> None:
+def test_options_reject_bad_input(k, lam, options, message) -> None:
+    given = {**options, **({} if k is None else {"k": k}), **({} if lam is None else {"lam": lam})}
     with pytest.raises(ValueError, match=message):
-        resolve_options("vasae", 12, k, lam, options)
+        architecture("vasae").options(given, 12)
 
 
 def test_build_from_npy_source_and_round_trip(tmp_path) -> None:
     E = np.random.default_rng(0).standard_normal((30, 4)).astype(np.float32)
     path = str(tmp_path / "emb.npy")
     np.save(path, E)
-    opts = resolve_options("vasae", 8, 2, None, {"anchor_coef": 1e-3, "anchor_source": path})
-    m = build("vasae", 4, 8, k=2, seed=1, **opts)
+    opts = {"k": 2, "anchor_coef": 1e-3, "anchor_source": path}
+    m = build_model("vasae", 4, 8, opts, seed=1)
     m.train()
     assert float(m(torch.randn(4, 4)).aux_loss.detach()) < 0  # loads W_E lazily from the .npy
     fields = m.arch_fields()
     assert fields["embedding_source"] == path and fields["embedding_sha256"] == embedding_sha256(E)
     assert fields["decoder_mode"] == "learnable" and fields["embedding_shape"] == [30, 4]
     assert fields["anchor_mode"] == "nearest" and fields["anchor_topk"] == 10  # §9: anchor_topk (10), any mode
-    m2 = build("vasae", 4, 8, k=2, seed=2, **opts)
+    m2 = build_model("vasae", 4, 8, opts, seed=2)
     m2.load_state_weights(m.state_weights())
     x = torch.randn(5, 4)
     assert torch.equal(m.eval()(x).x_hat, m2.eval()(x).x_hat)
     with pytest.raises(ValueError, match="has shape"):
         m2.load_state_weights({**m.state_weights(), "b_dec": torch.zeros(3)})
-    m3 = build("vasae", 4, 8, k=2, **opts)
+    m3 = build_model("vasae", 4, 8, opts)
     m3.load_arch_fields({**fields, "embedding_sha256": "0" * 64})
     with pytest.raises(ValueError, match="no longer holds the embedding"):
         m3.train()(torch.randn(2, 4))
-    with pytest.raises(ValueError, match="no AuxK"):
-        build("vasae", 4, 8, k=2, aux_coef=0.1, **opts)
+    with pytest.raises(ValueError, match=r"does not take option\(s\) \['aux_coef'\]"):  # VASAE has no AuxK
+        build_model("vasae", 4, 8, {**opts, "aux_coef": 0.1})
     with pytest.raises(ValueError, match="no such .npy file"):
-        build("vasae", 4, 30, k=2, **resolve_options("vasae", 30, 2, None, {"tie": "hard", "anchor_source": str(tmp_path / "no.npy")}))
+        build_model("vasae", 4, 30, {"k": 2, "tie": "hard", "anchor_source": str(tmp_path / "no.npy")})
 
 
 def test_train_save_and_reload_through_the_loop(tmp_path) -> None:
-    """empirics.training.train drives vasae (needs the 'vasae' entry of empirics.architectures)."""
+    """empirics.training.train drives vasae (the registered 'vasae' architecture)."""
     import json
 
     from dictcheck.empirics.sae_folder import load_featurizer
@@ -259,10 +259,11 @@ def test_train_save_and_reload_through_the_loop(tmp_path) -> None:
     E = rng.standard_normal((40, 6)).astype(np.float32)
     np.save(tmp_path / "emb.npy", E)
     X = rng.standard_normal((256, 6))
-    cfg = TrainConfig(arch="vasae", d_sae=10, k=3, steps=20, batch_size=32, seed=1, device="cpu", dtype="float64",
-                      checkpoint_every=0, log_every=1, keep_checkpoints=1,
-                      options={"anchor_coef": 0.01, "anchor_every": 2, "anchor_source": str(tmp_path / "emb.npy")})
-    result = train(X, cfg, tmp_path / "sae", progress=False)
+    model = build_model("vasae", 6, 10, {"k": 3, "anchor_coef": 0.01, "anchor_every": 2,
+                                         "anchor_source": str(tmp_path / "emb.npy")}, seed=1, dtype=torch.float64)
+    cfg = TrainConfig(steps=20, batch_size=32, seed=1, device="cpu", checkpoint_every=0, log_every=1,
+                      keep_checkpoints=1)
+    result = train(model, X, cfg, tmp_path / "sae", progress=False)
     saved = json.loads((tmp_path / "sae" / "cfg.json").read_text())
     assert saved["architecture"] == "topk" and saved["k"] == 3 and saved["apply_b_dec_to_input"] is False
     fields = saved["metadata"]["dictcheck"]["vasae"]

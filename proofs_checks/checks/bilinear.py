@@ -13,8 +13,6 @@ fails, ``passed`` is False and ``finding`` says what was seen.
 
 from __future__ import annotations
 
-import json
-import tempfile
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -23,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.bilinear_models import build as build_bilinear
+from dictcheck.empirics.architectures import build_model
 from dictcheck.empirics.bilinear_models import hoyer_mean
 from dictcheck.empirics.quadric_toy import QuadricToy, make_quadric_toy
-from dictcheck.empirics.training import TrainConfig, torch_threads, train
+from dictcheck.empirics.training import TrainConfig, best_of_runs, torch_threads, train
 from dictcheck.proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 from dictcheck.solvers.form_matching import match_forms
@@ -96,35 +94,29 @@ def _training_objective(model: Any, metrics: dict[str, Any]) -> float:
 
 def _train_once(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, lr: float, options: dict[str, Any],
                 k: int | None) -> tuple[Any, dict[str, Any], list[float]]:
-    """One run of the project's loop in a throw-away folder: (model, metrics, batch loss every 10%)."""
-    cfg = TrainConfig(arch=arch, d_sae=d_sae, k=k, options=dict(options), steps=_STEPS, batch_size=_BATCH,
-                      lr=lr, seed=int(seed), device="cpu", dtype="float32", checkpoint_every=0,
+    """One run of the project's loop (nothing written): (model, metrics, batch loss every 10%)."""
+    opts = dict(options) if k is None else {**options, "k": k}
+    model = build_model(arch, rows.shape[1], d_sae, opts, seed=int(seed), dtype=torch.float32)
+    cfg = TrainConfig(steps=_STEPS, batch_size=_BATCH, lr=lr, seed=int(seed), device="cpu", checkpoint_every=0,
                       log_every=_STEPS // 10, keep_checkpoints=1)
-    with tempfile.TemporaryDirectory(prefix="dictcheck_bilinear_") as tmp:
-        result = train(np.ascontiguousarray(rows), cfg, Path(tmp), progress=False)
-        curve = [round(float(json.loads(line)["loss"]), 4)
-                 for line in result.log_path.read_text(encoding="utf-8").splitlines()]
-    return result.model, result.metrics, curve
+    result = train(model, np.ascontiguousarray(rows), cfg, progress=False)
+    return result.model, result.metrics, [round(float(rec["loss"]), 4) for rec in result.log]
 
 
 def _train(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, options: dict[str, Any] | None = None,
            k: int | None = None) -> _Trained:
     """The protocol: _RESTARTS seeds (seed·_RESTARTS + r, distinct across base seeds) × _LRS; keep the
-    run with the lowest :func:`_training_objective` (the first on a tie)."""
-    runs: list[dict[str, Any]] = []
-    fitted: list[tuple[Any, dict[str, Any]]] = []
+    run with the lowest :func:`_training_objective` (the first on a tie; :func:`best_of_runs`)."""
+    candidates = [(lr, int(seed) * _RESTARTS + r) for lr in _LRS for r in range(_RESTARTS)]
     with torch_threads(1):
-        for lr in _LRS:
-            for r in range(_RESTARTS):
-                run_seed = int(seed) * _RESTARTS + r
-                model, metrics, curve = _train_once(rows, arch, d_sae, seed=run_seed, lr=lr,
-                                                    options=dict(options or {}), k=k)
-                objective = _training_objective(model, metrics)
-                runs.append({"lr": lr, "seed": run_seed, "training_objective": objective,
-                             "batch_loss_every_10pct": curve})
-                fitted.append((model, metrics))
-    chosen = min(range(len(runs)), key=lambda i: runs[i]["training_objective"])
-    return _Trained(model=fitted[chosen][0], metrics=fitted[chosen][1], runs=runs, chosen=chosen)
+        best = best_of_runs(
+            candidates,
+            lambda c: _train_once(rows, arch, d_sae, seed=c[1], lr=c[0], options=dict(options or {}), k=k),
+            lambda fit: _training_objective(fit[0], fit[1]))
+    runs = [{"lr": lr, "seed": run_seed, "training_objective": objective, "batch_loss_every_10pct": fit[2]}
+            for (lr, run_seed), objective, fit in zip(candidates, best.objectives, best.results)]
+    model, metrics, _ = best.result
+    return _Trained(model=model, metrics=metrics, runs=runs, chosen=best.chosen)
 
 
 def _rel(path: Path, ctx: CheckContext) -> str:
@@ -189,7 +181,7 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
             if arch == "bilinear-compound":
                 n_a = int(rng.integers(1, 9))
                 options.update(n_atoms=n_a, k_c=int(rng.integers(1, n_a + 1)), tile=int(rng.integers(0, n_a + 1)))
-            model = build_bilinear(arch, D, d, seed=int(rng.integers(2**31)), dtype=torch.float64, **options)
+            model = build_model(arch, D, d, options, seed=int(rng.integers(2**31)), dtype=torch.float64)
             with torch.no_grad():  # generic (non-orthogonal) weights
                 for p in model.parameters():
                     p.copy_(torch.from_numpy(rng.normal(size=tuple(p.shape))))
@@ -267,7 +259,7 @@ def bilinear_hoyer_scale_invariant(ctx: CheckContext) -> Outcome:
     torch_mean, torch_dead = hoyer_mean(torch.from_numpy(dead))
     torch_err = abs(float(torch_mean) - hd.mean)
     # Inside a model: rescale one atomic latent's form by s_j (u_j → √|s_j| u_j scales z_j by |s_j|).
-    model = build_bilinear("bilinear-atomic", 6, 5, seed=ctx.seed, dtype=torch.float64, hoyer_coef=1.0)
+    model = build_model("bilinear-atomic", 6, 5, {"hoyer_coef": 1.0}, seed=ctx.seed, dtype=torch.float64)
     Xn, _ = normalise_tokens(rng.normal(size=(N, 6)))
     U = model.dictionary().U
     z_before = BilinearDictionary("atomic", U).latents(Xn)

@@ -4,7 +4,7 @@
   sampled and against evenly spaced angles.
 * ``bsf.recovery`` (full suite): the §6 recovery table of the three BSF variants and the TopK SAE on
   the §5 benchmark, trained with the project loop (sizes and training in
-  :data:`proofs_checks.cli.bench_manifolds.DEFAULT`, except that the slow q = 1 baseline is left to
+  :data:`dictcheck.empirics.manifold_bench.DEFAULT`, except that the slow q = 1 baseline is left to
   ``dictcheck bench-manifolds``).
 * ``bsf.mdl_block_dim`` (full suite): §7 MDL of Vanilla BSFs over block sizes on benchmarks with a
   single planted linear dimension n ∈ {2, 3, 4}. Every (n, q) model is the best of
@@ -31,7 +31,7 @@ from dictcheck.empirics.manifold_metrics import (
     recovery,
 )
 from dictcheck.empirics.manifold_toy import ManifoldBenchmark, make_manifold_benchmark, planted_config, sample_manifold
-from dictcheck.proofs_checks.cli.bench_manifolds import (
+from dictcheck.empirics.manifold_bench import (
     DEFAULT,
     MDL_BLOCK_SIZES,
     BenchSettings,

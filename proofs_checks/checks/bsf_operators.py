@@ -12,14 +12,12 @@ Clarabel through cvxpy.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from dictcheck.empirics.bsf_models import build
+from dictcheck.empirics.architectures import build_model
 from dictcheck.empirics.training import TrainConfig, torch_threads, train
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 from dictcheck.solvers.block_lasso import numeric_l21_prox, solve_block_lasso
@@ -215,21 +213,13 @@ def grassmann_orthonormal(ctx: CheckContext) -> Outcome:
     p = _GRASSMANN
     rng = ctx.rng("bsf.grassmann_orthonormal")
     X = _sum_of_circles(rng, p["D"], p["n_circles"], p["k_true"], p["N"], p["noise"])
-    made: list[Any] = []
-    errors: list[float] = []
-
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        made.append(build(*args, **kwargs))
-        errors.append(_orthonormality_error(made[-1]))  # at init (before the first step)
-        return made[-1]
-
-    cfg = TrainConfig(arch="bsf-grassmann", d_sae=p["n_b"] * p["q"], k=p["k"], options={"block_size": p["q"]},
-                      steps=p["steps"], batch_size=p["batch_size"], lr=p["lr"], seed=ctx.seed, device="cpu",
-                      dtype=p["dtype"], checkpoint_every=0, log_every=p["steps"], keep_checkpoints=1)
-    with torch_threads(1), tempfile.TemporaryDirectory(prefix="dictcheck_bsf_") as tmp:
-        result = train(X, cfg, Path(tmp), progress=False, model_factory=factory,
-                       on_step=lambda step: errors.append(_orthonormality_error(made[-1])))
-    model = result.model
+    model = build_model("bsf-grassmann", X.shape[1], p["n_b"] * p["q"], {"k": p["k"], "block_size": p["q"]},
+                        seed=ctx.seed, dtype=getattr(torch, p["dtype"]))
+    errors = [_orthonormality_error(model)]  # at init (before the first step)
+    cfg = TrainConfig(steps=p["steps"], batch_size=p["batch_size"], lr=p["lr"], seed=ctx.seed, device="cpu",
+                      checkpoint_every=0, log_every=p["steps"], keep_checkpoints=1)
+    with torch_threads(1):
+        result = train(model, X, cfg, progress=False, on_step=lambda step: errors.append(_orthonormality_error(model)))
     measured = {"max_orthonormality_error": max(errors), "steps_measured": len(errors) - 1,
                 "final_raw_B_departure": _raw_departure(model), "final_gamma": float(model.gamma.detach()),
                 "final_loss": float(result.final_loss)}

@@ -1,53 +1,25 @@
 """Checks of the theory on SAEs trained on REAL language-model activations (issue 7 item 5).
 
-Data (fixed once, Decision): SmolLM2-135M-Instruct (:func:`empirics.lm_models.load_lm`, "smollm2"),
-the output of decoder layer :data:`LAYER`, :data:`N_TOKENS` rows from the shipped corpus
-(:func:`empirics.activation_store.extract_activations`, context 128, seed 0). The last
-:data:`N_HELDOUT` rows are held out for evaluation; the rest train. Extraction (about 2 minutes on
-2 busy cores, plus the ~20–60 s model load) happens once into a cache keyed by these settings,
-``<tempdir>/dictcheck-real/<key>/`` (activations, the frozen W_E as ``embedding.npy`` and the
-training tokens' counts ``token_counts.npy``); later runs open it (shard SHA-256s verified) without
-loading the model. Trained SAEs are written under the run's ``out_dir/real_models/`` and reused by
-later checks of the same run (and by reruns into the same out_dir, via ``train(resume=True)``).
+Data and training: :mod:`dictcheck.proofs_checks.real_protocol` (SmolLM2 layer 10, held-out rows,
+cached extraction, models of width :data:`~dictcheck.proofs_checks.real_protocol.D_SAE`).
 
-Widths are far below the paper's (d_z = n_vocab = 49152): every SAE here has :data:`D_SAE` latents,
-so that each check fits in about 2–3 minutes on 2 CPU cores.
-
-* ``real.antipodal_dense`` (theory.md §4.5, §5.1, §8 Q2): relu SAEs at λ, λ/4 and λ/16 (pooled) and
-  an abs SAE at λ.
-* ``real.stationarity`` (theory.md §6, §7, §8 Q3): the ``check-sae`` diagnostics of the relu SAE.
+* ``real.antipodal_dense`` (docs/theory.md §4.5, §5.1, §8 Q2): relu SAEs at λ, λ/4 and λ/16 (pooled)
+  and an abs SAE at λ.
+* ``real.stationarity`` (docs/theory.md §6, §7, §8 Q3): the ``check-sae`` diagnostics of the relu SAE.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import io
-import json
-import math
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from dictcheck.empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.training import TrainConfig, TrainResult, torch_threads, train
-from dictcheck.proofs_checks.cli.check_sae import ANTIPODAL_COSINE, antipodal_pairs, sae_report
+from dictcheck.empirics.training import TrainResult
+from dictcheck.proofs_checks.real_protocol import BATCH, D_SAE, LAYER, STEPS, RealData, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, antipodal_pairs, sae_report
 
-MODEL = "smollm2"
-LAYER = 10
-N_TOKENS = 16384
-N_HELDOUT = 2048
-CONTEXT = 128
-EXTRACT_SEED = 0
-D_SAE = 512
-STEPS = 600
-BATCH = 256
 #: λ of objective (1) for relu/abs, in units of the data (Decision, fixed before any run): the
 #: standard deviation of a random unit projection of a centred token, median_t ‖x_t − x̄‖/√D.
 LAM_UNITS = 1.0
@@ -58,60 +30,6 @@ RELU_LAM_FACTORS = (1.0, 0.25, 0.0625)
 DENSE = 0.5
 STATIONARITY_TOKENS = 128
 GAP_TOL = -1e-9
-
-
-@dataclass(frozen=True)
-class RealData:
-    """Cached real activations: training and held-out rows (float32, tokens as rows) and side files."""
-
-    X_train: np.ndarray
-    X_eval: np.ndarray
-    embedding_path: str
-    token_counts: np.ndarray
-    manifest: dict[str, Any]
-
-    def describe(self) -> dict[str, Any]:
-        return {"model": MODEL, "layer": LAYER, "hook": self.manifest.get("hook"), "n_train": len(self.X_train),
-                "n_eval": len(self.X_eval), "context": CONTEXT, "seed": EXTRACT_SEED,
-                "corpus": self.manifest.get("corpus"), "cache": str(Path(self.embedding_path).parent)}
-
-
-def _npy(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr, allow_pickle=False)
-    return buf.getvalue()
-
-
-@functools.lru_cache(maxsize=1)
-def real_data() -> RealData:
-    """Extract (first time) or open the cached activations; see the module docstring."""
-    root = Path(tempfile.gettempdir()) / "dictcheck-real" / f"{MODEL}_L{LAYER}_T{N_TOKENS}_c{CONTEXT}_s{EXTRACT_SEED}"
-    act, emb, counts = root / "activations", root / "embedding.npy", root / "token_counts.npy"
-    if not (is_activation_dir(act) and emb.is_file() and counts.is_file()):
-        from dictcheck.empirics.lm_models import load_lm
-
-        lm = load_lm(MODEL)
-        root.mkdir(parents=True, exist_ok=True)
-        extract_activations(lm, LAYER, N_TOKENS, act, context=CONTEXT, seed=EXTRACT_SEED, progress=False)
-        windows = token_windows(lm, math.ceil(N_TOKENS / (CONTEXT - 1)), context=CONTEXT, seed=EXTRACT_SEED)
-        train_ids = windows[:, 1:].reshape(-1)[:N_TOKENS - N_HELDOUT]  # the rows' tokens (position 0 dropped)
-        atomic_write_bytes(counts, _npy(np.bincount(train_ids, minlength=lm.vocab_size)))
-        atomic_write_bytes(emb, _npy(lm.embedding().detach().cpu().numpy().astype(np.float32)))
-    store = open_activations(act)
-    X = store.to_array()
-    return RealData(X_train=X[:-N_HELDOUT], X_eval=X[-N_HELDOUT:], embedding_path=str(emb),
-                    token_counts=np.load(counts), manifest=store.manifest)
-
-
-def train_real(ctx: CheckContext, name: str, **config: Any) -> TrainResult:
-    """Train on the cached training rows into ``out_dir/real_models/<name>-<config hash>`` (resumable)."""
-    data = real_data()
-    settings = {"steps": STEPS, "batch_size": BATCH, "seed": ctx.seed, "device": "cpu", "dtype": "float32",
-                "checkpoint_every": 0, "log_every": 100, "keep_checkpoints": 1, **config}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    with torch_threads(1):  # a shared 2-core machine: one intra-op thread per check
-        return train(data.X_train, TrainConfig(**settings), ctx.out_dir / "real_models" / f"{name}-{key}",
-                     resume=True, progress=False)
 
 
 def real_lam(data: RealData) -> float:
@@ -156,14 +74,14 @@ def _antipode_table(result: TrainResult, X: np.ndarray) -> dict[str, Any]:
 def real_antipodal_dense(ctx: CheckContext) -> Outcome:
     data = real_data()
     lam = real_lam(data)
-    tables = {f"relu λ·{f:g}": _antipode_table(train_real(ctx, "relu", arch="relu", d_sae=D_SAE, lam=lam * f),
+    tables = {f"relu λ·{f:g}": _antipode_table(train_real(ctx.out_dir, ctx.seed, "relu", "relu", {"lam": lam * f}),
                                               data.X_eval) for f in RELU_LAM_FACTORS}
     relu = {key: sum(t[key] for t in tables.values())
             for key in ("n_pairs", "n_dense", "n_dense_with_antipode", "n_other_alive", "n_other_with_antipode")}
     relu["antipode_rate_dense"] = relu["n_dense_with_antipode"] / relu["n_dense"] if relu["n_dense"] else None
     relu["antipode_rate_other"] = (relu["n_other_with_antipode"] / relu["n_other_alive"]
                                    if relu["n_other_alive"] else None)
-    tables["abs"] = ab = _antipode_table(train_real(ctx, "abs", arch="abs", d_sae=D_SAE, lam=lam), data.X_eval)
+    tables["abs"] = ab = _antipode_table(train_real(ctx.out_dir, ctx.seed, "abs", "abs", {"lam": lam}), data.X_eval)
     dense_rate, other_rate = relu["antipode_rate_dense"], relu["antipode_rate_other"]
     relu_ok = dense_rate is not None and other_rate is not None and dense_rate > other_rate
     passed = relu_ok and ab["n_pairs"] == 0
@@ -207,7 +125,7 @@ def real_antipodal_dense(ctx: CheckContext) -> Outcome:
 def real_stationarity(ctx: CheckContext) -> Outcome:
     data = real_data()
     lam = real_lam(data)
-    result = train_real(ctx, "relu", arch="relu", d_sae=D_SAE, lam=lam)
+    result = train_real(ctx.out_dir, ctx.seed, "relu", "relu", {"lam": lam})
     X = data.X_eval[:STATIONARITY_TOKENS].astype(np.float64)
     report = sae_report(str(result.out_dir), X, lam)
     tol = report["tolerances"]

@@ -12,7 +12,6 @@ rows, so it gets ``X.T``. The theory's dictionary is W = W_decᵀ (unit columns)
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.metrics import amortisation_gap, unit_atom_objective
-from dictcheck.empirics.sae_models import make_sae
+from dictcheck.empirics.architectures import build_model
 from dictcheck.empirics.toy_data import make_toy
 from dictcheck.empirics.training import TrainConfig, torch_threads, train
 from dictcheck.proofs_checks.figures import plot_antipodal_against_p
@@ -59,19 +58,16 @@ class _Trained:
 
 def _train(X: np.ndarray, arch: str, d_sae: int, *, seed: int, steps: int, lam: float | None = None,
            k: int | None = None, batch_size: int | None = None, b_dec_init: str = "geometric_median") -> _Trained:
-    """Train one SAE on X (D, N) with the project's loop (in a throw-away folder) and encode X."""
-
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        return make_sae(*args, **{**kwargs, **_JUMPRELU}) if arch == "jumprelu" else make_sae(*args, **kwargs)
-
-    cfg = TrainConfig(arch=arch, d_sae=d_sae, k=k, lam=lam if arch in ("relu", "jumprelu", "abs") else None,
-                      steps=steps, batch_size=batch_size or X.shape[1], lr=_LR, seed=int(seed), device="cpu",
-                      dtype="float64", checkpoint_every=0, log_every=max(steps, 1), b_dec_init=b_dec_init,
-                      keep_checkpoints=1)
+    """Train one SAE on X (D, N) with the project's loop (nothing written) and encode X."""
+    options: dict[str, Any] = {"k": k} if k is not None else {"lam": lam}
+    if arch == "jumprelu":
+        options.update(_JUMPRELU)
+    model = build_model(arch, X.shape[0], d_sae, options, seed=int(seed), dtype=torch.float64)
+    cfg = TrainConfig(steps=steps, batch_size=batch_size or X.shape[1], lr=_LR, seed=int(seed), device="cpu",
+                      checkpoint_every=0, log_every=max(steps, 1), b_dec_init=b_dec_init, keep_checkpoints=1)
     rows = np.ascontiguousarray(X.T)
-    with torch_threads(1), tempfile.TemporaryDirectory(prefix="dictcheck_sae_") as tmp:
-        result = train(rows, cfg, Path(tmp), progress=False, model_factory=factory)
-    model = result.model
+    with torch_threads(1):
+        result = train(model, rows, cfg, progress=False)
     with torch.no_grad():
         Z = model.encode(torch.from_numpy(rows)).numpy().T.copy()
     W = result.weights["W_dec"].numpy().T.astype(np.float64)

@@ -1,7 +1,7 @@
 """VASAE on real activations (spec/vasae.md §2, §4, §5, §8; issue 7 item 5).
 
-The data and the training helper are those of :mod:`proofs_checks.checks.real` (SmolLM2 layer 10,
-held-out evaluation rows, cached extraction). Three models, all with d_z = :data:`real.D_SAE`
+The data and the training helper are :mod:`dictcheck.proofs_checks.real_protocol` (SmolLM2 layer 10,
+held-out evaluation rows, cached extraction). Three models, all with d_z = :data:`~dictcheck.proofs_checks.real_protocol.D_SAE`
 (far below the paper's d_z = n_vocab = 49152, to fit 2 CPU cores), k = :data:`K`, Adam at the
 authors' lr 1e-3 with the loop's warm-up/decay schedule and gradient clipping:
 
@@ -9,7 +9,7 @@ authors' lr 1e-3 with the loop's warm-up/decay schedule and gradient clipping:
 * ``anchored``: λ_anchor = :data:`ANCHOR_COEF` (the paper's main value) in nearest mode with
   anchor_every = :data:`ANCHOR_EVERY` (the authors' Llama setting, chosen for cost: one anchor
   evaluation is 2·d_z·V·D ≈ 29 GFLOP here; spec §3);
-* ``hard``: the hard-tied baseline on the :data:`real.D_SAE` most frequent training tokens (the
+* ``hard``: the hard-tied baseline on the :data:`~dictcheck.proofs_checks.real_protocol.D_SAE` most frequent training tokens (the
   spec's labelled extension ``vocab_subset="top_frequency"``, option ``vocab_ids``), since
   d_z < n_vocab.
 
@@ -28,7 +28,7 @@ import torch
 from dictcheck.empirics.lm_metrics import alignment_metrics
 from dictcheck.empirics.metrics import fvu
 from dictcheck.empirics.training import TrainResult
-from dictcheck.proofs_checks.checks.real import BATCH, D_SAE, LAYER, STEPS, real_data, train_real
+from dictcheck.proofs_checks.real_protocol import BATCH, D_SAE, LAYER, STEPS, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 
 K = 32
@@ -53,8 +53,8 @@ def _options(kind: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def _evaluated(ctx: CheckContext, kind: str) -> dict[str, Any]:
     """Train (or reuse) one model and evaluate it on the held-out rows."""
-    result: TrainResult = train_real(ctx, f"vasae-{kind}", arch="vasae", d_sae=D_SAE, k=K, lr=LR,
-                                     b_dec_init="zero", options=_options(kind))
+    result: TrainResult = train_real(ctx.out_dir, ctx.seed, f"vasae-{kind}", "vasae", {"k": K, **_options(kind)}, lr=LR,
+                                     b_dec_init="zero")
     data = real_data()
     model = result.model
     with torch.no_grad():

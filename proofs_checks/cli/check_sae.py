@@ -1,13 +1,6 @@
-"""``dictcheck check-sae DIR --data X.npy --lam L [--json]``: a trained SAE against the theory.
+"""``dictcheck check-sae DIR --data X.npy --lam L [--json]``: a trained SAE against the theory
+(:func:`dictcheck.proofs_checks.sae_report.sae_report`), printed as a table or JSON.
 
-Loads any SAE folder in the SAELens layout (empirics.sae_io), then reports:
-* the narrow-dictionary diagnostics of its decoder W = W_decᵀ with exact codes at the SAE's own
-  bias b_dec (spec/theory.md §3, §6; the same keys as ``check-dict``);
-* the amortisation gap O(W, Z_encoder, b) − O(W, Z_exact, b) (theory.md §6, §7), for SAEs with
-  non-negative codes (not defined for the signed codes of ``abs``);
-* per-latent firing fractions of the encoder, antipodal pairs (decoder cosine < −0.9) and dense
-  latents (firing on more than half of the points);
-* the reconstruction metrics of spec/ecosystem.md §2.
 """
 
 from __future__ import annotations
@@ -15,70 +8,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-import numpy as np
-import torch
-
-from dictcheck.empirics.metrics import reconstruction_metrics, unit_atom_objective
-from dictcheck.empirics.sae_folder import load_sae_model
 from dictcheck.empirics.sae_io import SaeFormatError
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
-from dictcheck.proofs_checks.cli.check_dict import summary as dictionary_summary
-from dictcheck.proofs_checks.errors import UserError
 from dictcheck.proofs_checks.cli.inputs import load_points, positive_lambda
-from dictcheck.solvers.dictionary_check import check_dictionary
-
-ANTIPODAL_COSINE = -0.9
-
-
-def antipodal_pairs(W_dec: np.ndarray, threshold: float = ANTIPODAL_COSINE) -> list[list[int]]:
-    """Pairs [i, j], i < j, of decoder rows with cosine below ``threshold``."""
-    norms = np.linalg.norm(W_dec, axis=1)
-    unit = W_dec / np.where(norms > 0, norms, 1.0)[:, None]
-    cos = unit @ unit.T
-    i, j = np.nonzero(np.triu(cos < threshold, k=1))
-    return [[int(a), int(b)] for a, b in zip(i, j)]
-
-
-def sae_report(directory: str, X: np.ndarray, lam: float, *, progress: bool = False) -> dict[str, Any]:
-    """Everything ``check-sae`` prints, for data X (N, D) with tokens as rows."""
-    try:
-        model, cfg = load_sae_model(directory)
-    except (SaeFormatError, ValueError) as exc:
-        raise UserError(str(exc)) from None
-    if X.shape[1] != cfg.d_in:
-        raise UserError(f"data have D = {X.shape[1]} columns but the SAE has d_in = {cfg.d_in}")
-    weights = {k: v.detach().double().numpy() for k, v in model.state_weights().items()}
-    W, b = weights["W_dec"].T, weights["b_dec"]
-    if np.any(np.linalg.norm(W, axis=0) == 0):
-        raise UserError(f"{directory}: some decoder rows are zero; the dictionary cannot be normalised")
-    with torch.no_grad():
-        x = torch.as_tensor(X, dtype=cfg.torch_dtype)
-        codes = model.encode(x)
-        x_hat = model.decode(codes)
-    codes_np = codes.double().numpy()
-    check = check_dictionary(W, X.T, lam, b=b, progress=progress)
-    report = dictionary_summary(check)
-    signed = bool(np.any(codes_np < 0))
-    report["amortisation_gap"] = None if signed else (
-        unit_atom_objective(W, codes_np.T, b, X.T, lam) - check.diagnostics.objective)
-    firing = np.mean(codes_np != 0, axis=0)
-    report.update(
-        arch=cfg.arch, d_in=cfg.d_in, d_sae=cfg.d_sae, signed_codes=signed,
-        encoder_firing_fraction=firing.tolist(),
-        dense_latents=[int(d) for d in np.flatnonzero(firing > 0.5)],
-        antipodal_pairs=antipodal_pairs(weights["W_dec"]),
-        metrics=reconstruction_metrics(X, x_hat.double().numpy(), codes_np),
-    )
-    return report
+from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, sae_report
 
 
 def check_sae(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck check-sae``."""
     lam = positive_lambda(args.lam)
     X = load_points(args.data)
-    report = sae_report(args.directory, X, lam, progress=sys.stderr.isatty() and not args.json)
+    try:
+        report = sae_report(args.directory, X, lam, progress=sys.stderr.isatty() and not args.json)
+    except (SaeFormatError, ValueError) as exc:
+        raise UserError(str(exc)) from None
     if args.json:
         print(json.dumps(report))
         return 0

@@ -77,7 +77,7 @@ def evaluate(sae_dir: str, layer: int, model: str = "smollm2", tokens: int = 204
     with torch.no_grad():
         m = splice_metrics(lm, sae, layer, batches, skip_first=True)
     alive = m.pop("alive")
-    report: dict[str, Any] = {"sae": str(sae_dir), "arch": cfg.arch, "d_sae": cfg.d_sae, "model": model,
+    report: dict[str, Any] = {"sae": str(sae_dir), "arch": sae.arch, "d_sae": cfg.d_sae, "model": model,
                               "layer": layer, "hook": lm.hook_spec(layer), "context": context, "seed": seed,
                               "n_windows": int(ids.shape[0]), "metrics": m, "alignment": None, "names": []}
     weights = sae.state_weights()

@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from dictcheck.empirics.sae_io import SaeFormatError, load_sae
-from dictcheck.proofs_checks.errors import UserError
+from dictcheck.empirics.architectures import architecture
+from dictcheck.empirics.sae_folder import arch_fields_of, arch_of, load_sae
+from dictcheck.empirics.sae_io import SaeFormatError
 from dictcheck.proofs_checks.cli.inputs import load_points
+from dictcheck.proofs_checks.errors import UserError
 from dictcheck.theory.bilinear_lifted import BilinearDictionary
 from dictcheck.theory.quadric_geometry import FactoredForms, LatentGeometry, readout
 
@@ -38,15 +40,16 @@ def _forms(directory: str) -> tuple[FactoredForms, dict[str, Any]]:
         weights, cfg = load_sae(directory)
     except SaeFormatError as exc:
         raise UserError(str(exc)) from None
-    if not cfg.arch.startswith("bilinear-"):
-        raise UserError(f"{directory}: architecture {cfg.arch!r} is not a bilinear autoencoder")
+    arch = arch_of(cfg)
+    if architecture(arch).family != "bilinear":
+        raise UserError(f"{directory}: architecture {arch!r} is not a bilinear autoencoder")
     w = {name: t.double().numpy() for name, t in weights.items()}
-    decoder = cfg.arch_fields.get("decoder", "symmetric")
+    decoder = arch_fields_of(cfg).get("decoder", "symmetric")
     try:
-        dictionary = BilinearDictionary(cfg.arch.removeprefix("bilinear-"), w["U"], w.get("V"), w.get("C"), decoder)
+        dictionary = BilinearDictionary(arch.removeprefix("bilinear-"), w["U"], w.get("V"), w.get("C"), decoder)
     except ValueError as exc:
         raise UserError(f"{directory}: {exc}") from None
-    info = {"dir": str(directory), "arch": cfg.arch, "d_in": cfg.d_in, "d_sae": cfg.d_sae, "decoder": decoder}
+    info = {"dir": str(directory), "arch": arch, "d_in": cfg.d_in, "d_sae": cfg.d_sae, "decoder": decoder}
     return FactoredForms.from_dictionary(dictionary), info
 
 

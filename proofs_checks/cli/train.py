@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -42,16 +43,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from dictcheck.empirics.architectures import REGISTRY, architecture
 from dictcheck.empirics.distributed import SINGLE, World, env_world_size, process_group
+from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.toy_data import TOYS, make_toy
-from dictcheck.empirics.training import ARCHS, TrainConfig, latest_checkpoint, train
-from dictcheck.proofs_checks.errors import UserError
+from dictcheck.empirics.training import TrainConfig, latest_checkpoint, train
 from dictcheck.proofs_checks.cli.inputs import load_points
-
-
-#: argparse destinations that are architecture options (TrainConfig.options), same names.
-_ARCH_OPTIONS = ("block_size", "denoise", "c_gl", "gate", "hoyer_coef", "decoder", "n_atoms", "k_c", "c_l1", "tile",
-                 "anchor_coef", "anchor_every", "anchor_mode", "anchor_chunk", "anchor_source", "tie")
+from dictcheck.proofs_checks.errors import UserError
 
 #: Set by ``--nproc`` for its workers: they leave reporting errors to the launcher.
 _LAUNCHED_ENV = "DICTCHECK_LAUNCHED"
@@ -80,20 +80,31 @@ def _data(args: argparse.Namespace) -> Any:
     return make_toy(args.toy, seed=args.seed).X.T
 
 
+def _option_fields() -> dict[str, list[tuple[str, Any]]]:
+    """Every command-line option of the registered architectures: name -> [(arch, dataclass field)]."""
+    found: dict[str, list[tuple[str, Any]]] = {}
+    for arch in REGISTRY.values():
+        for f in dataclasses.fields(arch.Options):
+            if f.metadata.get("cli", True):
+                found.setdefault(f.name, []).append((arch.name, f))
+    return found
+
+
 def _config(args: argparse.Namespace) -> TrainConfig:
-    options: dict[str, Any] = {"arch": args.arch, "d_sae": args.d_sae, "k": args.k, "lam": args.lam,
-                               "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                               "aux_coef": args.aux_coef, "wandb_project": args.wandb, "dtype": args.dtype,
-                               "device": args.device}
+    settings: dict[str, Any] = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+                                "wandb_project": args.wandb, "device": args.device}
     for name in ("checkpoint_every", "log_every"):
         if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
-    arch_options = {name: getattr(args, name) for name in _ARCH_OPTIONS if getattr(args, name) is not None}
-    if arch_options:
-        options["options"] = arch_options
-    cfg = TrainConfig(**options)
+            settings[name] = getattr(args, name)
+    cfg = TrainConfig(**settings)
     cfg.validate()
     return cfg
+
+
+def _model(args: argparse.Namespace, d_in: int) -> Featurizer:
+    """The architecture's fresh model with the options given on the command line (seed ``--seed``)."""
+    options = {name: getattr(args, name) for name in _option_fields() if getattr(args, name, None) is not None}
+    return architecture(args.arch).build(d_in, args.d_sae, options, seed=args.seed, dtype=getattr(torch, args.dtype))
 
 
 def _fault_injection(rank: int) -> Callable[[int], None] | None:
@@ -165,7 +176,8 @@ def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None 
     X = _data(args)
     try:
         cfg = _config(args) if cfg is None else cfg
-        result = train(X, cfg, args.out, resume=args.resume, world=world, on_step=_fault_injection(world.rank))
+        model = _model(args, int(X.shape[1]))
+        result = train(model, X, cfg, args.out, resume=args.resume, world=world, on_step=_fault_injection(world.rank))
     except (ValueError, FileExistsError, FloatingPointError) as exc:  # bad config, W&B missing, --out in use, NaN
         raise UserError(str(exc).splitlines()[0]) from None
     if not world.is_main:
@@ -285,18 +297,16 @@ def _launch(args: argparse.Namespace) -> int:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``dictcheck train``."""
     p = commands.add_parser("train", help="train an SAE, BSF or bilinear autoencoder and save it in the SAELens layout")
-    p.add_argument("--arch", required=True, choices=list(ARCHS))
+    p.add_argument("--arch", required=True, choices=list(REGISTRY))
     p.add_argument("--data", metavar="X.npy|DIR", help="training data (N, D), one token per row, or a directory "
                    "written by `dictcheck activations`")
     p.add_argument("--toy", metavar="NAME", help="a built-in toy data set instead of --data")
     p.add_argument("--d-sae", required=True, type=int, help="number of latents")
-    p.add_argument("--k", type=int, help="active latents per token (topk, batchtopk)")
-    p.add_argument("--lam", type=float, help="λ of objective (1) (relu, abs) or the L0 coefficient (jumprelu)")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--lr", type=float, help="Adam learning rate (default 2e-4/sqrt(d_sae/2^14))")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--aux-coef", type=float, default=0.0, help="AuxK coefficient for the TopK family (0: off)")
+    p.add_argument("--lr", type=float, help="Adam learning rate (default: the architecture's; SAEs "
+                   "2e-4/sqrt(d_sae/2^14))")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and of the batch order")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     p.add_argument("--log-every", type=int, help="steps between log records (default 100)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -305,27 +315,25 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc", type=int, default=1, metavar="P",
                    help="train with P data-parallel processes (DDP; gloo on CPU, nccl on CUDA); "
                    "--batch-size is the global batch")
-    bsf = p.add_argument_group("block-sparse featurizers (bsf-*)")
-    bsf.add_argument("--block-size", type=int, help="block size q (d_sae = n_b·q); --k is the number of active blocks")
-    bsf.add_argument("--denoise", type=float, help="input-noise level snr of the denoising objective (default 0.1)")
-    bsf.add_argument("--c-gl", type=float, help="group-lasso coefficient c (bsf-grouplasso, default 1e-2)")
-    bsf.add_argument("--gate", choices=("shrink", "ste"), help="bsf-grouplasso gate (default shrink, the paper's)")
-    bil = p.add_argument_group("bilinear autoencoders (bilinear-*)")
-    bil.add_argument("--hoyer-coef", type=float, help="Hoyer density coefficient α_H (default 0.1)")
-    bil.add_argument("--decoder", choices=("symmetric", "asymmetric"), help="GLU decoder (bilinear-quadratic)")
-    bil.add_argument("--n-atoms", type=int, help="rank-1 atoms of the compound prior (default 2·d_sae)")
-    bil.add_argument("--k-c", type=int, help="non-zeros per row of C, compound prior (default 8)")
-    bil.add_argument("--c-l1", type=float, help="L1 coefficient on C, compound prior (default 0)")
-    bil.add_argument("--tile", type=int, help="latent tile size of the kernel term (default 0: untiled)")
-    vas = p.add_argument_group("vocabulary-anchored SAE (vasae; --k is its TopK size)")
-    vas.add_argument("--anchor-coef", type=float, help="λ_anchor of the anchor loss (default 0: a plain TopK SAE)")
-    vas.add_argument("--anchor-every", type=int, help="add the anchor term every M steps (default 1)")
-    vas.add_argument("--anchor-mode", choices=("nearest", "logsumexp", "softmax"), help="anchor mode (default nearest)")
-    vas.add_argument("--anchor-chunk", type=int, help="vocabulary rows per cosine block (default: auto, ≤ 256 MB)")
-    vas.add_argument("--anchor-source", help="token embeddings W_E: smollm2, tinycoder, a model dir or a (V, D) .npy")
-    vas.add_argument("--tie", choices=("none", "hard"), help="hard: decoder tied to W_E (the baseline)")
+    _add_option_groups(p)
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases (needs the wandb package)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(handler=run_train)
+
+
+def _add_option_groups(p: argparse.ArgumentParser) -> None:
+    """One argument group per architecture family, built from the options dataclasses: each option once,
+    in the group of the first family that declares it, its help naming the architectures that take it."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name, uses in _option_fields().items():
+        first = architecture(uses[0][0])
+        group = groups.get(first.family) or groups.setdefault(first.family, p.add_argument_group(first.family_title))
+        helps: dict[str, list[str]] = {}
+        for arch_name, f in uses:
+            helps.setdefault(f.metadata["help"], []).append(arch_name)
+        text = helps.popitem()[0] if len(helps) == 1 else "; ".join(f"{', '.join(a)}: {h}" for h, a in helps.items())
+        f = uses[0][1]
+        group.add_argument("--" + name.replace("_", "-"), type=f.metadata["type"], choices=f.metadata["choices"],
+                           help=text)

@@ -1,0 +1,230 @@
+"""What one trainable architecture declares, in one place, and the registry that holds them.
+
+An architecture is a subclass of :class:`Architecture` registered with :func:`register`. It declares
+
+* ``name`` (what ``dictcheck train --arch`` takes), ``family`` (``sae``, ``bsf``, ``bilinear``,
+  ``vasae``; groups the CLI options) and ``fields_key`` (``metadata.dictcheck.<fields_key>`` holds
+  its non-weight fields, docs/ecosystem.md §1);
+* ``saved_name``: the SAELens ``architecture`` string of cfg.json; ``k_in_cfg``: whether ``k`` is a
+  SAELens top-level cfg field; ``apply_b_dec_to_input``: the saved default;
+* ``decoder_norm``: the decoder-norm policy (docs/ecosystem.md §3); ``b_dec_inits``: the centring
+  rules the training loop may use (the first is the default; ``"none"``: no centring vector);
+* :meth:`default_lr`, a typed options dataclass ``Options`` (a subclass of :class:`ArchOptions`;
+  defaults, CLI help and CLI type as field metadata, made with :func:`option`), its weight schema
+  (:meth:`weight_schema`), its exactness under DDP (:meth:`ddp_inexactness`) and how to build it
+  (:meth:`init_model`).
+
+Options named ``k``, ``lam`` and ``aux_coef`` are saved where SAELens and earlier dictcheck folders
+keep them (``k`` top-level and in ``metadata.dictcheck.training.k``, ``lam`` in
+``metadata.dictcheck.lam``, ``aux_coef`` in ``metadata.dictcheck.training.aux_coef``); every other
+option is saved in ``metadata.dictcheck.training.options`` (:meth:`Architecture.saved_options`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from dictcheck.empirics.featurizer import Featurizer
+from dictcheck.empirics.sae_io import SaeConfig
+
+__all__ = [
+    "ArchOptions",
+    "Architecture",
+    "Schema",
+    "option",
+    "register",
+    "unregister",
+    "REGISTRY",
+    "architecture",
+    "require_int",
+    "require_real",
+]
+
+#: Tensor name -> (shape, required).
+Schema = dict[str, tuple[tuple[int, ...], bool]]
+#: Options saved outside ``training.options`` (see the module docstring).
+TOP_LEVEL_OPTIONS = ("k", "lam", "aux_coef")
+
+
+def option(default: Any = None, *, help: str, type: type | None = None, choices: tuple[str, ...] | None = None,
+           cli: bool = True) -> Any:
+    """A field of an options dataclass: its default, and the CLI help, value type and choices.
+    ``cli=False`` keeps it off the command line (e.g. a list-valued option)."""
+    return dataclasses.field(default=default, metadata={"help": help, "type": type, "choices": choices, "cli": cli})
+
+
+def require_int(name: str, value: Any, low: int, high: int | None = None, *, what: str | None = None) -> int:
+    """``value`` as an int in [low, high]; ValueError naming ``name`` otherwise (bools are refused)."""
+    ok = isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool)
+    if not ok or value < low or (high is not None and value > high):
+        span = f"an int >= {low}" if high is None else f"an int in [{low}, {what or high}]"
+        raise ValueError(f"{name} must be {span}, got {value!r}")
+    return int(value)
+
+
+def require_real(name: str, value: Any, *, positive: bool = False) -> float:
+    """``value`` as a finite float, ≥ 0 (> 0 when ``positive``); ValueError naming ``name`` otherwise."""
+    ok = isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ArchOptions:
+    """Base of every architecture's options: a frozen dataclass of JSON values.
+
+    Subclasses add fields made with :func:`option` and override :meth:`resolved` to validate them
+    and fill defaults that depend on the width (ValueError with a one-line message).
+    """
+
+    def resolved(self, arch: str, d_sae: int) -> ArchOptions:
+        """These options validated for ``arch`` at width ``d_sae``, derived defaults filled in."""
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+class Architecture:
+    """One trainable architecture (see the module docstring). Subclasses set the class attributes and
+    implement :meth:`init_model` and :meth:`weight_schema`."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    family_title: ClassVar[str]
+    fields_key: ClassVar[str]
+    saved_name: ClassVar[str]
+    decoder_norm: ClassVar[str]
+    b_dec_inits: ClassVar[tuple[str, ...]]
+    Options: ClassVar[type[ArchOptions]] = ArchOptions
+    k_in_cfg: ClassVar[bool] = False
+    apply_b_dec_to_input: ClassVar[bool] = True
+    #: A folder saved as ``saved_name`` without ``metadata.dictcheck.arch`` (SAELens' own) is this arch.
+    reads_foreign: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ options
+    def default_lr(self, d_sae: int) -> float:
+        raise NotImplementedError
+
+    def options(self, values: Mapping[str, Any] | ArchOptions | None, d_sae: int) -> ArchOptions:
+        """Parse (a mapping or an ``Options`` instance) and validate the options at width ``d_sae``."""
+        if isinstance(values, ArchOptions):
+            if not isinstance(values, self.Options):
+                raise ValueError(f"arch {self.name!r} takes {self.Options.__name__}, got {type(values).__name__}")
+            opts = values
+        else:
+            values = dict(values or {})
+            allowed = self.Options.field_names()
+            unknown = sorted(set(values) - set(allowed))
+            if unknown:
+                if not allowed:
+                    raise ValueError(f"arch {self.name!r} takes no options, got {unknown}")
+                raise ValueError(f"arch {self.name!r} does not take option(s) {unknown}; allowed: {list(allowed)}")
+            opts = self.Options(**values)
+        return opts.resolved(self.name, d_sae)
+
+    def saved_options(self, options: ArchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(top-level values ``k``/``lam``/``aux_coef`` present in ``options``, the other options)."""
+        d = options.to_dict()
+        return ({n: d.pop(n) for n in TOP_LEVEL_OPTIONS if n in d}, d)
+
+    def options_from_saved(self, top: Mapping[str, Any], others: Mapping[str, Any], d_sae: int) -> ArchOptions:
+        """Inverse of :meth:`saved_options` (a top-level value that is None takes the default)."""
+        names = self.Options.field_names()
+        merged = {n: v for n, v in top.items() if n in names and v is not None}
+        return self.options({**dict(others), **merged}, d_sae)
+
+    # ------------------------------------------------------------------ schema and build
+    def weight_schema(self, d_in: int, d_sae: int, fields: Mapping[str, Any]) -> Schema:
+        """Saved tensor name -> (shape, required); ``fields`` is ``metadata.dictcheck.<fields_key>``."""
+        raise NotImplementedError
+
+    def ddp_inexactness(self, options: ArchOptions) -> str | None:
+        """Why P ranks with global batch B do NOT train exactly what one process with batch B trains,
+        or None when they do (up to floating-point summation order; docs of empirics.distributed)."""
+        return None
+
+    def init_model(self, d_in: int, d_sae: int, options: ArchOptions, *, seed: int, dtype: torch.dtype) -> Featurizer:
+        """A freshly initialised model, deterministic in ``seed`` (its own generator; no global RNG)."""
+        raise NotImplementedError
+
+    def build(self, d_in: int, d_sae: int, options: Mapping[str, Any] | ArchOptions | None = None, *,
+              seed: int = 0, dtype: torch.dtype = torch.float32) -> Featurizer:
+        """Validate the options and build a fresh model; ``model.arch_options`` holds the resolved options."""
+        require_int("d_in", d_in, 1)
+        require_int("d_sae", d_sae, 1)
+        opts = self.options(options, d_sae)
+        model = self.init_model(int(d_in), int(d_sae), opts, seed=int(seed), dtype=dtype)
+        model.arch_options = opts
+        return model
+
+    # ------------------------------------------------------------------ folders
+    def folder_options(self, cfg: SaeConfig) -> ArchOptions:
+        """The options a saved folder was trained with: ``metadata.dictcheck.training`` (``k``,
+        ``aux_coef``, ``options``) and ``metadata.dictcheck.lam`` (ValueError when missing or invalid)."""
+        training = cfg.dictcheck.get("training")
+        if not isinstance(training, dict) or not isinstance(training.get("options"), dict):
+            raise ValueError(f"cfg.json lacks metadata.dictcheck.training.options, which a {self.name} model is "
+                             "rebuilt from (folders written by `dictcheck train` have it)")
+        top = {"k": training.get("k"), "lam": cfg.dictcheck.get("lam"), "aux_coef": training.get("aux_coef")}
+        try:
+            return self.options_from_saved(top, training["options"], cfg.d_sae)
+        except ValueError as exc:
+            raise ValueError(f"cannot rebuild {self.name}: {exc}") from None
+
+    def from_folder(self, cfg: SaeConfig, weights: Mapping[str, torch.Tensor]) -> Featurizer:
+        """The model a checked folder holds: built with :meth:`folder_options`, weights and non-weight
+        fields (``metadata.dictcheck.<fields_key>``) loaded. ValueError for weights the model refuses."""
+        model = self.build(cfg.d_in, cfg.d_sae, self.folder_options(cfg), dtype=cfg.torch_dtype)
+        self.apply_cfg_fields(model, cfg)
+        model.load_state_weights(dict(weights))
+        fields = cfg.dictcheck.get(self.fields_key)
+        if isinstance(fields, dict) and fields:
+            model.load_arch_fields(fields)
+        return model
+
+    def apply_cfg_fields(self, model: Featurizer, cfg: SaeConfig) -> None:
+        """Set what the folder's SAELens fields say about the model's computation (default: nothing)."""
+
+    def __repr__(self) -> str:
+        return f"<architecture {self.name!r} ({self.family})>"
+
+
+REGISTRY: dict[str, Architecture] = {}
+
+
+def register(cls: type[Architecture]) -> type[Architecture]:
+    """Class decorator: register one instance of ``cls`` under ``cls.name`` (ValueError if taken)."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"architecture {cls.name!r} is registered twice")
+    if cls.reads_foreign and any(a.reads_foreign and a.saved_name == cls.saved_name for a in REGISTRY.values()):
+        raise ValueError(f"architecture {cls.name!r}: foreign folders saved as {cls.saved_name!r} already read as "
+                         "another architecture")
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Remove an architecture from the registry (tests register toy architectures temporarily)."""
+    REGISTRY.pop(name, None)
+
+
+def architecture(name: str) -> Architecture:
+    """The registered architecture called ``name``; ValueError naming the known ones otherwise."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"arch must be one of {list(REGISTRY)}, got {name!r}") from None

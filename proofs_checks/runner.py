@@ -34,16 +34,16 @@ def select_checks(quick: bool, only: str | None) -> list[Check]:
     return checks
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Convert numpy scalars/arrays and non-finite floats into JSON-safe values."""
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -65,7 +65,7 @@ def run_check(check: Check, ctx: CheckContext) -> dict[str, Any]:
             finding=outcome.finding,
         )
     record["seconds"] = round(time.perf_counter() - start, 3)
-    return _json_safe(record)
+    return json_safe(record)
 
 
 def run_suite(

@@ -5,7 +5,7 @@
     dictcheck solve wide-limit       --data F.npy --lam L [--json]    → b, objective, n_rays, atoms, certified_gap
     dictcheck solve dnn              --data F.npy --lam L [--json]    → objective, b, status (learned bias)
 
-The solver modules use points as columns; this command transposes the file's rows.
+The results are those of :mod:`dictcheck.proofs_checks.api` (the Python entry points), printed.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks import api
 from dictcheck.proofs_checks.cli.inputs import load_array, load_points, positive_lambda
-from dictcheck.solvers.dnn import DNNSolveError, solve_dnn
-from dictcheck.solvers.medians import geometric_median, huber_median
-from dictcheck.solvers.wide_limit import DEFAULT_RAY_TOL, solve_wide_limit
+from dictcheck.proofs_checks.errors import UserError
+from dictcheck.proofs_checks.runner import json_safe
+from dictcheck.solvers.dnn import DNNSolveError
+from dictcheck.solvers.wide_limit import DEFAULT_RAY_TOL
 
 
 def _fixed_bias(path: str | None, D: int) -> np.ndarray | None:
@@ -33,33 +34,24 @@ def _fixed_bias(path: str | None, D: int) -> np.ndarray | None:
 
 
 def _solve(args: argparse.Namespace) -> dict[str, Any]:
-    X = load_points(args.data).T
+    X = load_points(args.data)
     problem = args.problem
     if problem == "geometric-median":
-        r = geometric_median(X)
-        return {"b": r.b.tolist(), "objective": r.objective, "converged": r.converged,
-                "gradient_norm": r.gradient_norm, "iterations": r.iterations}
+        return api.geometric_median(X)
     lam = positive_lambda(args.lam)
     if problem == "huber-median":
-        r = huber_median(X, lam)
-        return {"b": r.b.tolist(), "objective": r.objective, "lam": lam, "converged": r.converged,
-                "gradient_norm": r.gradient_norm, "iterations": r.iterations}
-    bias = _fixed_bias(args.bias, X.shape[0])
+        return api.huber_median(X, lam)
+    bias = _fixed_bias(args.bias, X.shape[1])
     if problem == "wide-limit":
-        s = solve_wide_limit(X, lam, b=bias, ray_tol=args.ray_tol)
-        return {"b": s.b.tolist(), "objective": s.objective, "n_rays": s.n_rays, "atoms": s.rays.atoms.T.tolist(),
-                "certified_gap": s.certified_gap, "attained_objective": s.attained_objective,
-                "learned_bias": s.learned_bias, "ray_tol": s.rays.tolerance, "lam": lam}
-    if X.shape[1] > args.max_points:
-        raise UserError(f"dnn: N = {X.shape[1]} points exceeds --max-points {args.max_points} "
+        return api.wide_limit(X, lam, bias=bias, ray_tol=args.ray_tol)
+    if X.shape[0] > args.max_points:
+        raise UserError(f"dnn: N = {X.shape[0]} points exceeds --max-points {args.max_points} "
                         "(the conic solve grows like N^5: ~40 s at N = 80; `solve wide-limit` gives the same "
                         "optimum for any N)")
     try:
-        s = solve_dnn(X, lam, b=bias)
+        return api.dnn(X, lam, bias=bias)
     except DNNSolveError as exc:
         raise UserError(str(exc)) from None
-    return {"objective": s.objective, "b": s.b.tolist(), "status": s.status, "solver": s.solver,
-            "seconds": s.seconds, "learned_bias": s.learned_bias, "lam": lam}
 
 
 def _print_human(problem: str, result: dict[str, Any]) -> None:
@@ -77,7 +69,7 @@ def _print_human(problem: str, result: dict[str, Any]) -> None:
 
 def solve(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck solve``."""
-    result = _solve(args)
+    result = json_safe(_solve(args))
     if args.json:
         print(json.dumps(result))
     else:

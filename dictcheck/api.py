@@ -1,1 +1,0 @@
-"""The public Python API (filled in below)."""

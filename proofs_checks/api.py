@@ -1,0 +1,189 @@
+"""The Python API behind ``import dictcheck``: every entry point takes data as (N, D) ROWS, like the CLI,
+SAELens and torch (the solvers' column convention stays inside). Results are the dicts the CLI prints
+with ``--json``, with numpy arrays where the JSON has lists. Bad input raises ValueError (one line).
+
+Math and constants: docs/theory.md (objective (1) with the 2λ on the L1 term and the 1/N mean).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike, NDArray
+
+from dictcheck.empirics.architectures import ArchOptions, build_model
+from dictcheck.empirics.featurizer import Featurizer
+from dictcheck.empirics.sae_folder import load_featurizer
+from dictcheck.empirics.sae_io import SaeConfig
+from dictcheck.empirics.training import TrainConfig, TrainResult
+from dictcheck.empirics.training import train as train_model
+from dictcheck.proofs_checks.dictionary_report import summary
+from dictcheck.proofs_checks.runner import run_suite, select_checks
+from dictcheck.proofs_checks.sae_report import sae_report
+from dictcheck.solvers.dictionary_check import check_dictionary as run_dictionary_check
+from dictcheck.solvers.dnn import solve_dnn
+from dictcheck.solvers.lasso_codes import exact_codes as solve_exact_codes
+from dictcheck.solvers.medians import geometric_median as solve_geometric_median
+from dictcheck.solvers.medians import huber_median as solve_huber_median
+from dictcheck.solvers.wide_limit import DEFAULT_RAY_TOL, solve_wide_limit
+
+__all__ = [
+    "rows",
+    "geometric_median",
+    "huber_median",
+    "wide_limit",
+    "dnn",
+    "exact_codes",
+    "check_dictionary",
+    "check_sae",
+    "load_sae",
+    "train",
+    "run_checks",
+]
+
+
+def rows(X: ArrayLike, what: str = "X") -> NDArray[np.float64]:
+    """``X`` as a finite float64 (N, D) array, one point per row, N, D ≥ 1 (ValueError otherwise)."""
+    A = np.asarray(X)
+    if A.dtype.kind not in "biuf":
+        raise ValueError(f"{what} must hold real numbers, got dtype {A.dtype}")
+    if A.ndim != 2 or A.shape[0] < 1 or A.shape[1] < 1:
+        raise ValueError(f"{what} must have shape (N, D) with one point per row, got {A.shape}")
+    A = A.astype(np.float64)
+    if not np.isfinite(A).all():
+        raise ValueError(f"{what} contains NaN or inf")
+    return A
+
+
+def _lam(lam: float) -> float:
+    if isinstance(lam, bool) or not isinstance(lam, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(lam) or lam <= 0:
+        raise ValueError(f"lam must be a positive finite number, got {lam!r}")
+    return float(lam)
+
+
+def _bias(bias: ArrayLike | None, D: int) -> NDArray[np.float64] | None:
+    if bias is None:
+        return None
+    b = np.asarray(bias, dtype=np.float64).reshape(-1)
+    if b.size != D or not np.isfinite(b).all():
+        raise ValueError(f"bias must be {D} finite numbers (the data have D = {D}), got shape {np.shape(bias)}")
+    return b
+
+
+def _dictionary(W: ArrayLike, D: int) -> NDArray[np.float64]:
+    A = np.asarray(W, dtype=np.float64)
+    if A.ndim != 2 or A.shape[1] < 1 or A.shape[0] != D or not np.isfinite(A).all():
+        raise ValueError(f"the dictionary must be a finite (D, d_z) array with D = {D} (one atom per column), "
+                         f"got shape {A.shape}")
+    return A
+
+
+def geometric_median(X: ArrayLike) -> dict[str, Any]:
+    """The geometric median b = argmin (1/N) Σ‖x_i − b‖ (docs/theory.md §4.3): ``b``, ``objective`` (the mean
+    distance), ``converged``, ``gradient_norm``, ``iterations``."""
+    r = solve_geometric_median(rows(X).T)
+    return {"b": r.b, "objective": r.objective, "converged": r.converged, "gradient_norm": r.gradient_norm,
+            "iterations": r.iterations}
+
+
+def huber_median(X: ArrayLike, lam: float) -> dict[str, Any]:
+    """The Huber-smoothed median b = argmin (1/N) Σ h_λ(‖x_i − b‖) (docs/theory.md §4.3 (7)): ``b``,
+    ``objective`` (the mean of h_λ, the wide-limit optimum of objective (1)), ``lam``, ``converged``,
+    ``gradient_norm``, ``iterations``."""
+    lam = _lam(lam)
+    r = solve_huber_median(rows(X).T, lam)
+    return {"b": r.b, "objective": r.objective, "lam": lam, "converged": r.converged,
+            "gradient_norm": r.gradient_norm, "iterations": r.iterations}
+
+
+def wide_limit(X: ArrayLike, lam: float, *, bias: ArrayLike | None = None,
+               ray_tol: float = DEFAULT_RAY_TOL) -> dict[str, Any]:
+    """The closed-form wide-limit optimum and its narrowest dictionary (docs/theory.md §4.2–§4.4): ``b``,
+    ``objective``, ``n_rays``, ``atoms`` (one unit atom per row), ``certified_gap``, ``attained_objective``,
+    ``learned_bias``, ``ray_tol``, ``lam``. ``bias`` fixes b (default: the Huber median)."""
+    X = rows(X)
+    lam = _lam(lam)
+    if not math.isfinite(ray_tol) or ray_tol < 0:
+        raise ValueError(f"ray_tol must be a non-negative angle in radians, got {ray_tol!r}")
+    s = solve_wide_limit(X.T, lam, b=_bias(bias, X.shape[1]), ray_tol=ray_tol)
+    return {"b": s.b, "objective": s.objective, "n_rays": s.n_rays, "atoms": s.rays.atoms.T,
+            "certified_gap": s.certified_gap, "attained_objective": s.attained_objective,
+            "learned_bias": s.learned_bias, "ray_tol": s.rays.tolerance, "lam": lam}
+
+
+def dnn(X: ArrayLike, lam: float, *, bias: ArrayLike | None = None) -> dict[str, Any]:
+    """The doubly-nonnegative relaxation of program (3) solved with cvxpy (docs/theory.md §2.3; exact for
+    every N): ``objective``, ``b``, ``status``, ``solver``, ``seconds``, ``learned_bias``, ``lam``. The conic
+    solve grows like N⁵; :func:`wide_limit` gives the same optimum for any N. ``DNNSolveError`` when the
+    solver does not reach status optimal."""
+    X = rows(X)
+    lam = _lam(lam)
+    s = solve_dnn(X.T, lam, b=_bias(bias, X.shape[1]))
+    return {"objective": s.objective, "b": s.b, "status": s.status, "solver": s.solver, "seconds": s.seconds,
+            "learned_bias": s.learned_bias, "lam": lam}
+
+
+def exact_codes(W: ArrayLike, X: ArrayLike, lam: float, *, bias: ArrayLike | None = None,
+                tol: float = 1e-8) -> dict[str, Any]:
+    """The exact non-negative lasso codes of objective (1) for a fixed dictionary W (D, d_z; one atom per
+    column, any norms) and bias (default 0): ``codes`` (N, d_z), one row per point, and ``kkt_violation``
+    (relative, ≤ ``tol``; docs/theory.md §1 (KKT-z))."""
+    X = rows(X)
+    lam = _lam(lam)
+    W = _dictionary(W, X.shape[1])
+    b = _bias(bias, X.shape[1])
+    r = solve_exact_codes(W, X.T, np.zeros(X.shape[1]) if b is None else b, lam, tol=tol)
+    return {"codes": np.ascontiguousarray(r.Z.T), "kkt_violation": r.kkt_violation}
+
+
+def check_dictionary(W: ArrayLike, X: ArrayLike, lam: float, *, bias: ArrayLike | None = None,
+                     learn_bias: bool = False, tol: float = 1e-8, hull_candidates: bool = True,
+                     progress: bool = False) -> dict[str, Any]:
+    """Which local optimality conditions the dictionary W (D, d_z; one atom per column, normalised on load)
+    satisfies on data X (N, D) at λ, with exact codes (docs/theory.md §3, §6): the report of
+    ``dictcheck check-dict --json``. The bias is ``bias``, the optimal one (``learn_bias``), or 0.
+    ``hull_candidates`` adds the four hull distances of docs/theory.md §8 Q1 (one QP per atom)."""
+    X = rows(X)
+    lam = _lam(lam)
+    W = _dictionary(W, X.shape[1])
+    result = run_dictionary_check(W, X.T, lam, b=_bias(bias, X.shape[1]), learn=learn_bias, tol=tol,
+                                  hull_candidates=hull_candidates, progress=progress)
+    return summary(result)
+
+
+def check_sae(folder: str | os.PathLike[str], X: ArrayLike, lam: float, *, progress: bool = False) -> dict[str, Any]:
+    """A trained SAE folder (SAELens layout) against the theory on data X (N, D): the report of
+    ``dictcheck check-sae --json`` (docs/theory.md §3, §6, §7)."""
+    return sae_report(str(folder), rows(X), _lam(lam), progress=progress)
+
+
+def load_sae(folder: str | os.PathLike[str]) -> tuple[Featurizer, SaeConfig]:
+    """The model an SAE folder holds (any registered architecture, eval mode) and its config."""
+    return load_featurizer(folder)
+
+
+def train(X: ArrayLike, arch: str, d_sae: int, options: dict[str, Any] | ArchOptions | None = None, *,
+          out: str | os.PathLike[str] | None = None, seed: int = 0, dtype: str = "float32",
+          resume: bool = False, progress: bool | None = None, **config: Any) -> TrainResult:
+    """Build a ``arch`` model of width ``d_sae`` (initialised with ``seed``) and train it on X (N, D) with
+    :class:`TrainConfig` fields ``config`` (steps, batch_size, lr, ...; ``seed`` also orders the batches).
+    With ``out`` the run writes the SAELens folder, log and checkpoints there (``resume`` continues)."""
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+    data = np.asarray(X)
+    if data.ndim != 2:
+        raise ValueError(f"X must have shape (N, D) with one point per row, got {data.shape}")
+    model = build_model(arch, int(data.shape[1]), d_sae, options, seed=seed, dtype=getattr(torch, dtype))
+    return train_model(model, data, TrainConfig(seed=seed, **config), out, resume=resume, progress=progress)
+
+
+def run_checks(*, quick: bool = True, only: str | None = None, out: str | os.PathLike[str] = "dictcheck-out",
+               seed: int = 0) -> dict[str, Any]:
+    """Run the verification checks (``dictcheck run``): the summary written to ``out/results.json``."""
+    return run_suite(select_checks(quick, only), Path(out), seed=seed, quick=quick, only=only)

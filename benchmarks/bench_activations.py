@@ -1,6 +1,6 @@
 """Benchmark: residual-stream extraction throughput of ``empirics.activation_store`` on SmolLM2-135M.
 
-spec/ecosystem.md §5; issue 7 item 6. Reproduce:
+docs/ecosystem.md §5; issue 7 item 6. Reproduce:
 
     .venv/bin/python benchmarks/bench_activations.py            # 1024 rows per measurement
     .venv/bin/python benchmarks/bench_activations.py --quick    # 256 rows, fewer settings

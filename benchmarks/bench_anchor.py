@@ -1,6 +1,6 @@
 """Benchmark: the VASAE anchor loss per step, gathered/chunked (dictcheck) against the naive full max.
 
-spec/vasae.md §3. Reproduce (one thread):
+docs/vasae.md §3. Reproduce (one thread):
 
     .venv/bin/python benchmarks/bench_anchor.py            # d_z = 256, 1024, 2048 (about a minute)
     .venv/bin/python benchmarks/bench_anchor.py --quick    # d_z = 256 only

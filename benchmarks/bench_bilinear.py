@@ -1,4 +1,4 @@
-"""Benchmark: the bilinear kernel-trick loss against the naive lifted loss (spec/bilinear.md §3).
+"""Benchmark: the bilinear kernel-trick loss against the naive lifted loss (docs/bilinear.md §3).
 
     .venv/bin/python benchmarks/bench_bilinear.py            # d ∈ {64, 128, 256, 512}; minutes
     .venv/bin/python benchmarks/bench_bilinear.py --quick    # d ∈ {16, 32}, seconds (smoke run)

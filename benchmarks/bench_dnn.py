@@ -1,6 +1,6 @@
 """Benchmark: the DNN relaxation (solvers.dnn) against the closed form + certificate (solvers.wide_limit).
 
-spec/theory.md §2.3 (the DNN relaxation of (3), tight for every N) and §4 (its value in closed form).
+docs/theory.md §2.3 (the DNN relaxation of (3), tight for every N) and §4 (its value in closed form).
 Reproduce (one thread per process):
 
     .venv/bin/python benchmarks/bench_dnn.py            # about 5 min

@@ -1,6 +1,6 @@
 """Benchmark: ``solvers.lasso_codes.exact_codes`` against scikit-learn at equal KKT tolerance.
 
-Problem (spec/theory.md §1): for every point, min_{z≥0} ‖x_i − b − Wz‖² + 2λ‖z‖₁ with W fixed.
+Problem (docs/theory.md §1): for every point, min_{z≥0} ‖x_i − b − Wz‖² + 2λ‖z‖₁ with W fixed.
 scikit-learn's ``sparse_encode(X̃ᵀ, Wᵀ, algorithm=…, alpha=λ, positive=True)`` minimises
 ½‖r‖² + λ‖z‖₁, the same minimiser (spec §1 table). Every method is scored with the same
 relative KKT violation (``solvers.lasso_codes.kkt_violation``, support = z > 0 exactly).
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Problem: N={args.n} points, D={args.D}, d_z={args.d_z} random unit atoms, data = "
         f"non-negative combinations of k={args.k} atoms (Exp(1) weights) + N(0, {args.noise}²) "
         f"noise + bias, λ={lam} (mean L0 = {res.mean_support:.1f} active atoms per point). "
-        "KKT = relative violation of (KKT-z), spec/theory.md §1, measured identically for every "
+        "KKT = relative violation of (KKT-z), docs/theory.md §1, measured identically for every "
         "method (`kkt_violation`, support = z > 0). Times are best of "
         f"{args.repeats} for ours, single runs for scikit-learn.\n"
     )

@@ -1,6 +1,6 @@
 """Benchmark: the specialised medians of ``solvers.medians`` against references, at equal accuracy.
 
-spec/theory.md §4.3. Reproduce (one thread per process, see below):
+docs/theory.md §4.3. Reproduce (one thread per process, see below):
 
     .venv/bin/python benchmarks/bench_medians.py            # N = 1e3, 1e4, 1e5 (about 5 min)
     .venv/bin/python benchmarks/bench_medians.py --quick    # N = 1e3 only (seconds)

@@ -1,5 +1,5 @@
 """Residual-stream activations of a real LM, written to disk in shards and memory-mapped back
-(spec/ecosystem.md §5, spec/vasae.md §1).
+(docs/ecosystem.md §5, docs/vasae.md §1).
 
 **Token windows** (Decision). The corpus documents (:mod:`empirics.corpus`) are put in a random
 order (``numpy.random.default_rng(seed).permutation``), each is followed by a blank line

@@ -1,4 +1,4 @@
-"""Bilinear autoencoders: ``bilinear-quadratic``, ``bilinear-atomic``, ``bilinear-compound`` (spec/bilinear.md).
+"""Bilinear autoencoders: ``bilinear-quadratic``, ``bilinear-atomic``, ``bilinear-compound`` (docs/bilinear.md).
 
 Latent j is a quadratic form of the normalised token, z_j = xᵀW_j x, and the decoder reconstructs
 the lift T = xxᵀ as T̂ = Σ_j z_j W_j (spec §1). Priors (spec §2; parameters as saved, see
@@ -28,7 +28,7 @@ in N), the others are normalised, x ← x/‖x‖. The loss is the kernel-trick 
 with nothing of size D×D or D² per token formed. ``tile`` > 0 splits the latent axis (the atom
 axis for the compound prior, whose quadratic term is evaluated as ⟨(UUᵀ)^∘2, HᵀH⟩, H = Z C_eff)
 into blocks, sums unordered block pairs with weight 1 on the diagonal and 2 off it (spec §3,
-pitfall §9.1), and recomputes each block pair in the backward pass (``torch.utils.checkpoint``), so
+§9 pitfall 1), and recomputes each block pair in the backward pass (``torch.utils.checkpoint``), so
 the d_z × d_z kernel is never held in memory; the value equals the untiled one.
 
 Sparsity (spec §5): per-latent Hoyer density over the batch's N real tokens,

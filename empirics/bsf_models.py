@@ -1,4 +1,4 @@
-"""Block-sparse featurizers: ``bsf-vanilla``, ``bsf-grassmann``, ``bsf-grouplasso`` (spec/bsf.md §2–§4).
+"""Block-sparse featurizers: ``bsf-vanilla``, ``bsf-grassmann``, ``bsf-grouplasso`` (docs/bsf.md §2–§4).
 
 Layout: tokens are ROWS, ``x`` is (B, D). The code of a token is n_b blocks of size q, stored flat as
 (B, n_b·q) with block g = entries g·q … g·q+q−1; codes are **signed** (no ReLU anywhere). The decoder

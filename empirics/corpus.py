@@ -1,4 +1,4 @@
-"""The offline text corpus for real-LM activations (spec/ecosystem.md §5, "Text for activations").
+"""The offline text corpus for real-LM activations (docs/ecosystem.md §5, "Text for activations").
 
 The project ships ``empirics/data/corpus.jsonl.gz``: English documentation prose taken from the
 Python 3.11.7 standard library, which is installed on every machine that runs dictcheck and is

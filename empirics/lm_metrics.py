@@ -1,4 +1,4 @@
-"""Language-model metrics of an SAE spliced into a model (spec/vasae.md §5, spec/ecosystem.md §2).
+"""Language-model metrics of an SAE spliced into a model (docs/vasae.md §5, docs/ecosystem.md §2).
 
 LAYOUT: activations are ROWS (tokens), as in :mod:`empirics.metrics`.
 
@@ -27,7 +27,7 @@ real (attention mask 1), the target being token t+1. With token-weighted means o
 Decision for undefined ratios: ``ce_recovered`` is None when ce_zero = ce_clean, ``kl_score`` None
 when kl_zero = 0, and a batch with ce_zero = ce_clean is left out of ``ce_recovered_batch_mean``.
 
-**Alignment** (:func:`alignment_metrics`, spec/vasae.md §5): s_d = max_v cos(w_d, e_v) with both
+**Alignment** (:func:`alignment_metrics`, docs/vasae.md §5): s_d = max_v cos(w_d, e_v) with both
 sides L2-normalised, over the decoder columns w_d (rows of W_dec) and the embedding rows e_v.
 
 * buckets strong s ≥ 0.8, medium 0.5 ≤ s < 0.8, weak 0.3 ≤ s < 0.5, none s < 0.3 (counts);
@@ -66,7 +66,7 @@ __all__ = [
     "splice_metrics",
 ]
 
-#: s_d ≥ ALIGNED counts as aligned ("strong"), spec/vasae.md §5.
+#: s_d ≥ ALIGNED counts as aligned ("strong"), docs/vasae.md §5.
 ALIGNED = 0.8
 #: Bucket name → [low, high) of s_d.
 BUCKETS: dict[str, tuple[float, float]] = {

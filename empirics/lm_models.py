@@ -1,4 +1,4 @@
-"""Offline causal language models and residual-stream hooks (spec/ecosystem.md §5, spec/vasae.md §1).
+"""Offline causal language models and residual-stream hooks (docs/ecosystem.md §5, docs/vasae.md §1).
 
 Models are loaded with Hugging Face ``transformers`` from local files only (``HF_HUB_OFFLINE=1`` and
 ``TRANSFORMERS_OFFLINE=1`` are set before loading; nothing is fetched):
@@ -12,7 +12,7 @@ Models are loaded with Hugging Face ``transformers`` from local files only (``HF
 
 GGUF weights are dequantised to ``dtype`` (default fp32). Loaded models are cached per process.
 
-**Hook** (ecosystem §5 Decision; vasae §1). The residual stream after block l, h^(l), is the output of
+**Hook** (docs/ecosystem.md §5 Decision; docs/vasae.md §1). The residual stream after block l, h^(l), is the output of
 the forward of decoder layer l (``model.layers.{l}`` in LLaMA-style models), taking the first element
 when a layer returns a tuple. For l < n_layers − 1 it equals ``hidden_states[l+1]`` of
 ``output_hidden_states=True``; for the last layer that entry may be taken after the final norm
@@ -90,7 +90,7 @@ class LoadedLM:
         return out
 
     def hook_spec(self, layer: int) -> dict[str, Any]:
-        """The unambiguous hook of ecosystem §1/§5: module path, output index, hidden_states index
+        """The unambiguous hook of docs/ecosystem.md §1/§5: module path, output index, hidden_states index
         (None for the last layer, where it is ambiguous) and the SAELens-style hook name."""
         layer = self.check_layer(layer)
         return {"module": f"{self.layers_path}.{layer}", "output": 0, "layer": layer,

@@ -1,4 +1,4 @@
-"""Metrics of the manifold benchmark: recovery R², MDL bits, stable rank, half variance (spec/bsf.md §6–§9).
+"""Metrics of the manifold benchmark: recovery R², MDL bits, stable rank, half variance (docs/bsf.md §6–§9).
 
 LAYOUT: samples are ROWS. A trained model is described by its per-block codes and decoder blocks:
 

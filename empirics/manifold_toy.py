@@ -1,4 +1,4 @@
-"""The synthetic manifold benchmark: sums of embedded circles, spheres and tori (spec/bsf.md §5).
+"""The synthetic manifold benchmark: sums of embedded circles, spheres and tori (docs/bsf.md §5).
 
 LAYOUT: samples are ROWS. ``X`` is (N, D), like the training loop and :mod:`empirics.metrics`.
 

@@ -1,4 +1,4 @@
-"""Reconstruction and sparsity metrics for SAEs, named exactly as spec/ecosystem.md §2.
+"""Reconstruction and sparsity metrics for SAEs, named exactly as docs/ecosystem.md §2.
 
 LAYOUT WARNING — TOKENS ARE ROWS IN THIS MODULE
 ================================================
@@ -10,13 +10,13 @@ here takes activations with **one token per ROW**:
 
 This is the natural layout of activations and SAE outputs (SAELens, sparsify, dictionary_learning).
 The single exception is :func:`amortisation_gap` (and :func:`unit_atom_objective`), a theory
-diagnostic (spec/theory.md §6) that keeps the theory layout: X (D, N), W (D, d_z), Z (d_z, N).
+diagnostic (docs/theory.md §6) that keeps the theory layout: X (D, N), W (D, d_z), Z (d_z, N).
 Shapes are checked, so a transposed argument raises instead of silently giving a wrong number
 (unless N = D, which no check can catch).
 
 Inputs may be numpy arrays, torch tensors (any device / dtype; detached and copied to the CPU) or
 anything ``numpy.asarray`` accepts. Everything is computed in float64. Sums are pooled over the
-whole evaluation set, never averaged per batch (ecosystem.md §2). Non-finite inputs, N = 0 and
+whole evaluation set, never averaged per batch (docs/ecosystem.md §2). Non-finite inputs, N = 0 and
 mismatched shapes raise ``ValueError``.
 
 Undefined cases (Decisions, documented here and in each docstring; no silent NaN anywhere):
@@ -65,7 +65,7 @@ __all__ = [
     "ve_legacy_per_token",
 ]
 
-#: Keys of :func:`reconstruction_metrics` that need only (x, x_hat), in ecosystem.md §2 order.
+#: Keys of :func:`reconstruction_metrics` that need only (x, x_hat), in docs/ecosystem.md §2 order.
 RECON_METRIC_NAMES: tuple[str, ...] = (
     "mse",
     "mse_per_element",
@@ -144,7 +144,7 @@ def _sq_err_sum(x: NDArray[np.float64], x_hat: NDArray[np.float64]) -> float:
 
 
 def mse(x: Any, x_hat: Any) -> float:
-    """``mse`` = (1/N) Σ_t ‖r_t‖², r_t = x_t − x̂_t (spec/ecosystem.md §2; SAELens "mse").
+    """``mse`` = (1/N) Σ_t ‖r_t‖², r_t = x_t − x̂_t (docs/ecosystem.md §2; SAELens "mse").
 
     x, x_hat: (N, D), tokens as rows.
     """
@@ -153,7 +153,7 @@ def mse(x: Any, x_hat: Any) -> float:
 
 
 def mse_per_element(x: Any, x_hat: Any) -> float:
-    """``mse_per_element`` = (1/(N·D)) Σ_t ‖r_t‖² (spec/ecosystem.md §2; VASAE/BSF training loss).
+    """``mse_per_element`` = (1/(N·D)) Σ_t ‖r_t‖² (docs/ecosystem.md §2; VASAE/BSF training loss).
 
     x, x_hat: (N, D), tokens as rows. D = 0 raises ValueError.
     """
@@ -164,7 +164,7 @@ def mse_per_element(x: Any, x_hat: Any) -> float:
 
 
 def fvu(x: Any, x_hat: Any) -> float:
-    """``fvu`` = Σ_t ‖r_t‖² / Σ_t ‖x_t − x̄‖² (spec/ecosystem.md §2; sparsify FVU).
+    """``fvu`` = Σ_t ‖r_t‖² / Σ_t ‖x_t − x̄‖² (docs/ecosystem.md §2; sparsify FVU).
 
     x̄ is the per-dimension mean over the evaluation set; both sums are pooled over all N tokens.
     Zero-variance x raises ValueError. x, x_hat: (N, D), tokens as rows.
@@ -174,7 +174,7 @@ def fvu(x: Any, x_hat: Any) -> float:
 
 
 def ve(x: Any, x_hat: Any) -> float:
-    """``ve`` = 1 − fvu: dictcheck's explained variance (spec/ecosystem.md §2).
+    """``ve`` = 1 − fvu: dictcheck's explained variance (docs/ecosystem.md §2).
 
     Equals VASAE "VE", BSF "R²", SAELens training-log explained_variance and sparsify 1 − FVU.
     Never reported under a bare ``explained_variance`` key. x, x_hat: (N, D), tokens as rows.
@@ -183,7 +183,7 @@ def ve(x: Any, x_hat: Any) -> float:
 
 
 def ve_legacy_per_token(x: Any, x_hat: Any) -> float:
-    """``ve_legacy_per_token`` = mean_t [1 − ‖r_t‖² / ‖x_t − x̄‖²] (spec/ecosystem.md §2).
+    """``ve_legacy_per_token`` = mean_t [1 − ‖r_t‖² / ‖x_t − x̄‖²] (docs/ecosystem.md §2).
 
     The SAELens/SAEBench legacy eval (SAEBench paper numbers). x̄ is the per-dimension mean over
     the whole evaluation set. Tokens with ‖x_t − x̄‖ = 0 are skipped (Decision: their ratio is
@@ -200,7 +200,7 @@ def ve_legacy_per_token(x: Any, x_hat: Any) -> float:
 
 
 def fve_dl(x: Any, x_hat: Any) -> float:
-    """``fve_dl`` = 1 − Σ_d Var_t(r_td) / Σ_d Var_t(x_td) (spec/ecosystem.md §2).
+    """``fve_dl`` = 1 − Σ_d Var_t(r_td) / Σ_d Var_t(x_td) (docs/ecosystem.md §2).
 
     dictionary_learning's ``frac_variance_explained``. The residual's own mean is subtracted, so
     ``fve_dl`` ≥ ``ve`` (equality iff the mean residual is 0); a constant offset error scores 1.
@@ -223,7 +223,7 @@ def _nonzero_rows(xa: NDArray[np.float64], metric: str) -> tuple[NDArray, NDArra
 
 
 def cossim(x: Any, x_hat: Any) -> float:
-    """``cossim`` = mean_t cos(x_t, x̂_t) = mean_t x_tᵀx̂_t / (‖x_t‖ ‖x̂_t‖) (spec/ecosystem.md §2).
+    """``cossim`` = mean_t cos(x_t, x̂_t) = mean_t x_tᵀx̂_t / (‖x_t‖ ‖x̂_t‖) (docs/ecosystem.md §2).
 
     Decision: tokens with x_t = 0 are skipped (mean over the others; ValueError if none remain);
     a token with x̂_t = 0 ≠ x_t counts as cos = 0. x, x_hat: (N, D), tokens as rows.
@@ -238,7 +238,7 @@ def cossim(x: Any, x_hat: Any) -> float:
 
 
 def l2_ratio(x: Any, x_hat: Any) -> float:
-    """``l2_ratio`` = mean_t ‖x̂_t‖ / ‖x_t‖ (spec/ecosystem.md §2).
+    """``l2_ratio`` = mean_t ‖x̂_t‖ / ‖x_t‖ (docs/ecosystem.md §2).
 
     Decision: tokens with x_t = 0 are skipped (mean over the others; ValueError if none remain).
     x, x_hat: (N, D), tokens as rows.
@@ -250,7 +250,7 @@ def l2_ratio(x: Any, x_hat: Any) -> float:
 
 
 def rel_recon_bias(x: Any, x_hat: Any) -> float:
-    """``rel_recon_bias`` γ = E‖x̂‖² / E[x̂ᵀx] (spec/ecosystem.md §2; arXiv:2404.16014).
+    """``rel_recon_bias`` γ = E‖x̂‖² / E[x̂ᵀx] (docs/ecosystem.md §2; arXiv:2404.16014).
 
     The argmin over γ of E‖x̂/γ − x‖² (with u = 1/γ the loss is A u² − 2B u + C, A = E‖x̂‖²,
     B = E[x̂ᵀx], minimised at u = B/A). γ > 1: reconstructions too long (shrinkage shows as γ < 1).
@@ -277,7 +277,7 @@ def _codes(codes: Any) -> NDArray[np.float64]:
 
 
 def l0(codes: Any, *, tol: float = 0.0) -> float:
-    """``l0`` = mean_t #{d : z_td ≠ 0} (spec/ecosystem.md §2).
+    """``l0`` = mean_t #{d : z_td ≠ 0} (docs/ecosystem.md §2).
 
     codes: (N, d_sae), tokens as rows. A latent is active when |z_td| > tol (default 0: z_td ≠ 0;
     for non-negative codes this is z_td > 0).
@@ -288,7 +288,7 @@ def l0(codes: Any, *, tol: float = 0.0) -> float:
 
 @dataclass(frozen=True)
 class DeadLatents:
-    """Dead-latent count over an evaluation set (spec/ecosystem.md §2, ``dead_frac``).
+    """Dead-latent count over an evaluation set (docs/ecosystem.md §2, ``dead_frac``).
 
     dead_frac: fraction of latents with z_td = 0 (|z_td| ≤ tol) for every evaluation token.
     n_dead, d_sae: counts. n_eval_tokens: N, the number of tokens the verdict is based on (the
@@ -322,7 +322,7 @@ def dead_latents(codes: Any, *, tol: float = 0.0) -> DeadLatents:
 
 
 def dead_frac(codes: Any, *, tol: float = 0.0) -> float:
-    """``dead_frac`` = fraction of latents with z_td = 0 for every evaluation token (ecosystem.md §2).
+    """``dead_frac`` = fraction of latents with z_td = 0 for every evaluation token (docs/ecosystem.md §2).
 
     SAEBench 1 − frac_alive. codes: (N, d_sae), tokens as rows. Always record ``n_eval_tokens``
     (= N) with it: use :func:`dead_latents`, or :func:`reconstruction_metrics`, which does.
@@ -337,7 +337,7 @@ def dead_frac(codes: Any, *, tol: float = 0.0) -> float:
 def reconstruction_metrics(
     x: Any, x_hat: Any, codes: Any = None, *, tol: float = 0.0
 ) -> dict[str, float]:
-    """All §2 reconstruction metrics, keyed exactly by their spec/ecosystem.md §2 names.
+    """All §2 reconstruction metrics, keyed exactly by their docs/ecosystem.md §2 names.
 
     x, x_hat: (N, D); codes: optional (N, d_sae), all tokens as rows. Returns the keys
     ``RECON_METRIC_NAMES`` (mse, mse_per_element, fvu, ve, ve_legacy_per_token, fve_dl, cossim,
@@ -369,7 +369,7 @@ def reconstruction_metrics(
 
 
 # --------------------------------------------------------------------------------------------------
-# amortisation gap (spec/theory.md §6) — THEORY LAYOUT: X (D, N), W (D, d_z), Z (d_z, N)
+# amortisation gap (docs/theory.md §6) — THEORY LAYOUT: X (D, N), W (D, d_z), Z (d_z, N)
 
 
 def _theory_args(
@@ -396,7 +396,7 @@ def _theory_args(
 
 
 def unit_atom_objective(W: Any, Z: Any, b: Any, X: Any, lam: float) -> float:
-    """Objective (1) of spec/theory.md §1 for a decoder W with ARBITRARY column norms.
+    """Objective (1) of docs/theory.md §1 for a decoder W with ARBITRARY column norms.
 
     Converts with ``theory.objective.to_unit_atoms`` (ŵ_d = w_d/‖w_d‖, codes z_d· ← ‖w_d‖ z_d·,
     zero atoms → zero codes), which leaves the reconstruction W Z unchanged, then evaluates
@@ -409,7 +409,7 @@ def unit_atom_objective(W: Any, Z: Any, b: Any, X: Any, lam: float) -> float:
 
 
 def amortisation_gap(W: Any, Z_encoder: Any, Z_exact: Any, b: Any, X: Any, lam: float) -> float:
-    """``amortisation_gap`` = O(W, Z_encoder, b) − O(W, Z_exact, b) (spec/theory.md §6).
+    """``amortisation_gap`` = O(W, Z_encoder, b) − O(W, Z_exact, b) (docs/theory.md §6).
 
     Both objectives are objective (1) evaluated by :func:`unit_atom_objective`: W normalised to unit
     columns and each code matrix rescaled by the column norms (z_d· ← ‖w_d‖ z_d·). Both code

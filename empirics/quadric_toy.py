@@ -1,5 +1,5 @@
 """The quadric toy: tokens on planted low-dimensional quadrics plus sparse linear features
-(issue 5 item 7; spec/bilinear.md §6).
+(issue 5 item 7; docs/bilinear.md §6).
 
 **Why the design survives normalisation.** Bilinear autoencoders see x/‖x‖ (§0). A quadric centred
 in a subspace S does not survive that map: any radial family of points collapses to the unit sphere

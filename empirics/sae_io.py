@@ -120,7 +120,7 @@ def _canonical_json(obj: Any, what: str) -> Any:
 
 @dataclass
 class SaeConfig:
-    """The SAELens top-level fields of ``cfg.json`` (ecosystem spec §1).
+    """The SAELens top-level fields of ``cfg.json`` (docs/ecosystem.md §1).
 
     ``architecture`` is the *saved* string (``standard``, ``topk``, ``dictcheck/abs``, ...); the
     dictcheck name is :func:`dictcheck.empirics.sae_folder.arch_of`. ``metadata`` holds the SAELens

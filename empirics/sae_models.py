@@ -1,7 +1,7 @@
 """Linear sparse autoencoders: ``relu``, ``topk``, ``batchtopk``, ``jumprelu``, ``abs``.
 
-Specs: spec/ecosystem.md §1 (SAELens weight names) and §3 (decoder norms, init, AuxK);
-spec/theory.md §1 (objective (1)), §4.5 (signed codes) and §7 (relation to trained SAEs).
+Specs: docs/ecosystem.md §1 (SAELens weight names) and §3 (decoder norms, init, AuxK);
+docs/theory.md §1 (objective (1)), §4.5 (signed codes) and §7 (relation to trained SAEs).
 
 Layout: tokens are ROWS. ``x`` is (B, d_in), codes are (B, d_sae). Parameters use the SAELens names
 and shapes: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in]. The rows of W_dec
@@ -13,7 +13,7 @@ Per-arch codes and losses (every loss is a mean over the B tokens; ``mse`` = (1/
 the ecosystem ``mse``):
 
 * ``relu``: z = ReLU(a); loss = mse + 2λ·mean_t ‖z_t‖₁. With unit-norm decoder rows this is exactly
-  objective (1) of theory.md §1 evaluated at the encoder's (amortised) codes.
+  objective (1) of docs/theory.md §1 evaluated at the encoder's (amortised) codes.
 * ``topk``: z = ReLU of the top-k entries of a per token, all others 0 (≤ k non-zeros per token).
   loss = mse (+ AuxK).
 * ``batchtopk``: training mode keeps the top k·B entries of ReLU(a) over the whole batch.
@@ -39,22 +39,22 @@ the ecosystem ``mse``):
   Both live in :mod:`dictcheck.empirics.straight_through` (shared with the BSF's STE gate).
 
   The forward values are exact (no smoothing). The L0 term therefore trains θ only, as in the paper.
-* ``abs`` (signed codes). **dictcheck Decision** (theory.md §4.5, "signed codes with the |z|
+* ``abs`` (signed codes). **dictcheck Decision** (docs/theory.md §4.5, "signed codes with the |z|
   penalty"; §7 "absolute-value activations give signed codes"): with u = (x − b_dec·[apply]) @ W_enc
   (b_enc NOT added), z = sign(u)·ReLU(|u| + b_enc), i.e. the symmetric soft threshold with learnable
   per-latent threshold −b_enc, the signed analogue of ``relu`` (the bias acts as a threshold on both
   sides). loss = mse + 2λ·mean_t ‖z_t‖₁ (objective (1) with Z signed and ‖·‖₁ = Σ|z|). With b_dec = 0
   the encoder is odd: encode(−x) = −encode(x). b_enc is initialised to 0 (z = u at init).
 
-Init (ecosystem §3): W_dec ~ Gaussian rows from a ``torch.Generator`` seeded by ``seed``, normalised to
+Init (docs/ecosystem.md §3): W_dec ~ Gaussian rows from a ``torch.Generator`` seeded by ``seed``, normalised to
 unit norm; W_enc = W_decᵀ (tied init); b_enc = 0; b_dec = ``b_dec_init`` or 0; jumprelu θ =
 ``init_threshold``.
 
-Decoder norms (ecosystem §3 Decision; all five archs): unit-norm rows. The training loop calls
+Decoder norms (docs/ecosystem.md §3 Decision; all five archs): unit-norm rows. The training loop calls
 :meth:`SparseAutoencoder.remove_parallel_grad_` before ``optimizer.step()`` and
 :meth:`SparseAutoencoder.normalise_decoder_` after it.
 
-AuxK (TopK family only, ``aux_coef`` > 0, ``forward(x, dead_mask)``), exactly ecosystem §3:
+AuxK (TopK family only, ``aux_coef`` > 0, ``forward(x, dead_mask)``), exactly docs/ecosystem.md §3:
 k_aux = d_in // 2; per token the top min(k_aux, n_dead) of the dead latents' ReLU'd pre-activations
 are decoded WITHOUT b_dec, ê = z_aux @ W_dec; target e = (x − x̂).detach();
 aux = aux_coef · min(n_dead/k_aux, 1) · Σ_t‖e_t − ê_t‖² / Σ_t‖e_t − ē‖². It is exactly 0 when
@@ -221,7 +221,7 @@ class SparseAutoencoder(Featurizer):
             th.mul_(1.0 - self.batchtopk_momentum).add_(self.batchtopk_momentum * m)
 
     def auxk_loss(self, x: Tensor, x_hat: Tensor, a: Tensor, dead_mask: Tensor) -> Tensor:
-        """AuxK loss (ecosystem §3), see the module docstring. Exactly 0 when nothing is dead."""
+        """AuxK loss (docs/ecosystem.md §3), see the module docstring. Exactly 0 when nothing is dead."""
         dead_mask = dead_mask.to(device=a.device, dtype=torch.bool).reshape(-1)
         if dead_mask.numel() != self.d_sae:
             raise ValueError(f"dead_mask has {dead_mask.numel()} entries, expected d_sae = {self.d_sae}")
@@ -390,7 +390,7 @@ def make_sae(
     apply_b_dec_to_input: bool = True,
     batchtopk_momentum: float = 0.01,
 ) -> SparseAutoencoder:
-    """Build and initialise an SAE (ecosystem §3 init): unit-norm random W_dec rows from a generator
+    """Build and initialise an SAE (docs/ecosystem.md §3 init): unit-norm random W_dec rows from a generator
     seeded by ``seed``, W_enc = W_decᵀ, b_enc = 0, b_dec = ``b_dec_init`` or 0.
 
     Raises ValueError for an unknown arch, a missing/invalid ``k`` (topk, batchtopk) or ``lam``

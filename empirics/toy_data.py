@@ -1,8 +1,8 @@
-"""Toy data generators: one home and one interface for all toy data (spec/theory.md §4, §5).
+"""Toy data generators: one home and one interface for all toy data (docs/theory.md §4, §5).
 
 Every generator takes ``seed`` (deterministic presets accept and ignore it) and keyword parameters
 whose defaults are the spec's, and returns a frozen :class:`Toy`. Data follow the project
-convention (spec/README.md): ``X`` is (D, N) float64 with one point per *column*; true atoms are
+convention (docs/README.md): ``X`` is (D, N) float64 with one point per *column*; true atoms are
 columns of ``ground_truth["W_true"]`` (D, k) and true codes ``ground_truth["Z_true"]`` are (k, N).
 
 Random draws use ``numpy.random.default_rng(seed)``. Where the spec describes a generator in words,
@@ -425,7 +425,7 @@ def rays_reference(seed: int = 0, *, learn_bias: bool = False) -> Toy:
         "learned_b_sum_objective": 6.017921, "learned_b_n_rays": 8,
     }
     return Toy(name="rays_reference", X=toy.X, lam=toy.lam, learn_bias=toy.learn_bias, ground_truth=gt,
-               params={**toy.params, "preset": "theory.md §4.4 reference (D)"})
+               params={**toy.params, "preset": "docs/theory.md §4.4 reference (D)"})
 
 
 def clusters(
@@ -490,7 +490,7 @@ def crowded_median(seed: int = 0, *, lam: float = 0.8) -> Toy:
         learn_bias=True,
         ground_truth={"b_true": np.zeros(2), "clustered": np.array([True, True, True, False, False, False]),
                       "reference": ref},
-        params={"seed": seed, "lam": lam, "preset": "theory.md §4.3 reference (C3)"},
+        params={"seed": seed, "lam": lam, "preset": "docs/theory.md §4.3 reference (C3)"},
     )
 
 

@@ -310,7 +310,7 @@ class TrainResult:
 
 
 def _wandb_run(cfg: TrainConfig, model: Featurizer, out: Path | None) -> Any:
-    """A W&B run when ``cfg.wandb_project`` asks for one (ecosystem.md §3: only if installed and asked)."""
+    """A W&B run when ``cfg.wandb_project`` asks for one (docs/ecosystem.md §3: only if installed and asked)."""
     if cfg.wandb_project is None:
         return None
     try:

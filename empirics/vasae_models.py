@@ -1,4 +1,4 @@
-"""VASAE: TopK SAE whose decoder columns are anchored to the vocabulary (spec/vasae.md §1–§4, §9).
+"""VASAE: TopK SAE whose decoder columns are anchored to the vocabulary (docs/vasae.md §1–§4, §9).
 
 Layout: tokens are ROWS. ``x`` is (B, d_in), codes are (B, d_sae). Parameters use the SAELens
 names: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in]. The rows of W_dec are

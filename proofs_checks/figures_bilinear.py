@@ -1,4 +1,4 @@
-"""Figures of bilinear latents (spec/bilinear.md §6 step 5), matplotlib Agg PNGs.
+"""Figures of bilinear latents (docs/bilinear.md §6 step 5), matplotlib Agg PNGs.
 
 A latent's picture is the projection of the NORMALISED inputs onto its top-3 |μ| eigenvectors,
 which come from the weights (not from a PCA of the inputs). Points are coloured by a label per

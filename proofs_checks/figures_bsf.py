@@ -1,4 +1,4 @@
-"""Figures of the block-sparse featurizer checks (spec/bsf.md §6, §7): PNG files, headless Agg backend."""
+"""Figures of the block-sparse featurizer checks (docs/bsf.md §6, §7): PNG files, headless Agg backend."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One-to-one matching by the Hungarian method (scipy's ``linear_sum_assignment``).
 
-Used by the bilinear atom matching (spec/bilinear.md §7) and the BSF Hungarian recovery score
-(spec/bsf.md §6).
+Used by the bilinear atom matching (docs/bilinear.md §7) and the BSF Hungarian recovery score
+(docs/bsf.md §6).
 """
 
 from __future__ import annotations

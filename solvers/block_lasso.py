@@ -1,4 +1,4 @@
-"""Numeric references for the block-sparse operators (spec/bsf.md §1, §2): second-order-cone
+"""Numeric references for the block-sparse operators (docs/bsf.md §1, §2): second-order-cone
 programs solved by Clarabel through cvxpy.
 
 * :func:`numeric_l21_prox` — the prox of θ‖·‖_{2,1}, against which sh_θ is checked.

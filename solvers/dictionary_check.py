@@ -1,4 +1,4 @@
-"""Checking a given dictionary against the local optimality conditions (spec/theory.md §3, §6).
+"""Checking a given dictionary against the local optimality conditions (docs/theory.md §3, §6).
 
 ``check_dictionary`` normalises the atoms, computes exact non-negative lasso codes for the
 dictionary (solvers.lasso_codes), optionally learns the bias that is optimal for that dictionary,

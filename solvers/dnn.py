@@ -1,4 +1,4 @@
-"""The doubly-nonnegative relaxation of program (3) (spec/theory.md §2.2–§2.3).
+"""The doubly-nonnegative relaxation of program (3) (docs/theory.md §2.2–§2.3).
 
     minimise  J(Q, b) = (λ/N) [ tr(X̃ (Q + λI)⁻¹ X̃ᵀ) + 1ᵀQ1 ]   over Q ⪰ 0, Q ≥ 0 (and b, if learned).
 

@@ -1,4 +1,4 @@
-"""Hungarian one-to-one matching of two dictionaries of quadratic forms (spec/bilinear.md §7).
+"""Hungarian one-to-one matching of two dictionaries of quadratic forms (docs/bilinear.md §7).
 
 Each symmetrised form is normalised to unit Frobenius norm (Decision), M_jl = |⟨Ŵ_j^a, Ŵ_l^b⟩_F|
 is built from the Gram matrix of :func:`theory.form_similarity.form_gram` (nothing D²-sized), and

@@ -1,4 +1,4 @@
-"""Distance from a vector to a convex hull, and the four hull candidates of spec/theory.md §8 Q1.
+"""Distance from a vector to a convex hull, and the four hull candidates of docs/theory.md §8 Q1.
 
 dist(c, conv{φ_i : i ∈ S}) = min_{π ≥ 0, 1ᵀπ = 1} ‖Φ_S π − c‖₂, a QP over the simplex. It is the
 minimum-norm point of the polytope conv{φ_i − c}, which Wolfe's algorithm (P. Wolfe, *Finding the
@@ -215,7 +215,7 @@ def hull_candidate_distances(
     *,
     rtol: float = 1e-12,
 ) -> HullCandidateDistances:
-    """Evaluate the four candidate forms of the paper's eq. 6 per atom (spec/theory.md §8 Q1).
+    """Evaluate the four candidate forms of the paper's eq. 6 per atom (docs/theory.md §8 Q1).
 
     With φ_i = Ŵᵀr_i/λ, ψ_i = Ŵᵀx̃_i/ρ_i (normalised centred data) and c_d· = Ŵᵀŵ_d:
 

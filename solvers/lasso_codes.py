@@ -1,4 +1,4 @@
-"""Exact non-negative lasso codes for a fixed dictionary and bias (spec/theory.md §1).
+"""Exact non-negative lasso codes for a fixed dictionary and bias (docs/theory.md §1).
 
 For fixed (W, b) objective (1) separates over points. Code ``z_i`` of point ``i`` solves
 
@@ -87,7 +87,7 @@ def kkt_violation(
     tau_act: float = 0.0,
     chunk: int = 4096,
 ) -> float:
-    """Relative KKT violation of codes Z for fixed (W, b) (spec/theory.md §1, KKT-z).
+    """Relative KKT violation of codes Z for fixed (W, b) (docs/theory.md §1, KKT-z).
 
     With r_i = x_i − b − W z_i, returns
 
@@ -812,7 +812,7 @@ def exact_codes(
     sparse_output: bool = False,
     workers: int | None = None,
 ) -> ExactCodes:
-    """Exact non-negative lasso codes for fixed (W, b): objective (1) of spec/theory.md §1.
+    """Exact non-negative lasso codes for fixed (W, b): objective (1) of docs/theory.md §1.
 
     Solves, independently for every point i (column of X),
 

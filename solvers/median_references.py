@@ -1,4 +1,4 @@
-"""Exact conic references for the two medians of spec/theory.md §4.3 (used by tests and benchmarks).
+"""Exact conic references for the two medians of docs/theory.md §4.3 (used by tests and benchmarks).
 
 * ``huber_median_cvxpy``: b* = argmin_b H(b), H(b) = (1/N) Σ_i h_λ(‖x_i − b‖), the optimal
   wide-limit bias (spec §4.3; §4.2 (7) says why it is the optimal bias).
@@ -149,7 +149,7 @@ def huber_median_cvxpy(
 ) -> ReferenceMedian:
     """Huber-smoothed geometric median argmin_b (1/N) Σ_i h_λ(‖x_i − b‖) by a conic solve.
 
-    spec/theory.md §4.3. X has shape (D, N), points as columns. ``formulation`` is "epigraph"
+    docs/theory.md §4.3. X has shape (D, N), points as columns. ``formulation`` is "epigraph"
     (default) or "atom" (cp.huber of the norms); see the module docstring. With ``fallback``, an
     epigraph solve that fails at every tolerance is repeated with the atom formulation.
     """
@@ -184,7 +184,7 @@ def huber_median_cvxpy(
 def geometric_median_cvxpy(
     X: NDArray, *, solver: str = REFERENCE_SOLVER, tolerances: Sequence[float] = DEFAULT_TOLERANCES
 ) -> ReferenceMedian:
-    """Plain geometric median argmin_b (1/N) Σ_i ‖x_i − b‖ by a conic solve (spec/theory.md §4.3).
+    """Plain geometric median argmin_b (1/N) Σ_i ‖x_i − b‖ by a conic solve (docs/theory.md §4.3).
 
     One second-order cone per point. X has shape (D, N), points as columns.
     """

@@ -1,4 +1,4 @@
-"""Huber-smoothed and plain geometric medians (spec/theory.md §4.3).
+"""Huber-smoothed and plain geometric medians (docs/theory.md §4.3).
 
 * ``huber_median``: b* = argmin_b H(b), H(b) = (1/N) Σ_i h_λ(‖x_i − b‖), the optimal wide-limit
   bias. H is convex and C¹, so ‖∇H‖ is a proper stopping test.

@@ -1,4 +1,4 @@
-"""Best-new-atom search of spec/theory.md §3 S6 (diagnostic ``best_new_atom_gain``, §6).
+"""Best-new-atom search of docs/theory.md §3 S6 (diagnostic ``best_new_atom_gain``, §6).
 
 Adding a unit atom u with its optimal codes (uᵀr_i − λ)₊, everything else fixed, lowers the sum
 loss by gain(u) = Σ_i (uᵀr_i − λ)₊² (gain lemma). gain is convex in u, so its maximum over the unit

@@ -1,4 +1,4 @@
-"""The reference learner for narrow dictionaries (spec/theory.md §2.2, "Reference learner").
+"""The reference learner for narrow dictionaries (docs/theory.md §2.2, "Reference learner").
 
 It minimises the scaling-symmetric form (2) with the decoder eliminated by ridge regression:
 

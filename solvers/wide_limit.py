@@ -1,6 +1,6 @@
 """The wide-limit solver: optimal bias, value, Q*, and the narrowest optimal dictionary.
 
-spec/theory.md §4.2–§4.4 and the certificate procedure of §2.3.
+docs/theory.md §4.2–§4.4 and the certificate procedure of §2.3.
 
 * b* is the Huber median (learned bias) or the given b.
 * The optimum of (1) over all widths is H(b*) = (1/N) Σ_i h_λ(‖x_i − b*‖), with

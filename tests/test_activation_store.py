@@ -1,5 +1,5 @@
 """Sharded activation store and the shipped corpus (empirics/activation_store.py, empirics/corpus.py;
-spec/ecosystem.md §5). Extraction runs on tinycoder (2 layers, d 16)."""
+docs/ecosystem.md §5). Extraction runs on tinycoder (2 layers, d 16)."""
 
 from __future__ import annotations
 

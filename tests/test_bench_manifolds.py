@@ -1,4 +1,4 @@
-"""``dictcheck bench-manifolds`` (spec/bsf.md §5–§7): the --quick JSON contract and bad input."""
+"""``dictcheck bench-manifolds`` (docs/bsf.md §5–§7): the --quick JSON contract and bad input."""
 
 from __future__ import annotations
 

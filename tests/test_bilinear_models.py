@@ -1,4 +1,4 @@
-"""Tests for theory.bilinear_lifted and empirics.bilinear_models (spec/bilinear.md §0–§5, §9, §10)."""
+"""Tests for theory.bilinear_lifted and empirics.bilinear_models (docs/bilinear.md §0–§5, §9, §10)."""
 
 from __future__ import annotations
 

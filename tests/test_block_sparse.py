@@ -1,4 +1,4 @@
-"""Tests for theory.block_sparse (spec/bsf.md §1, §2; spec/theory.md §4.1)."""
+"""Tests for theory.block_sparse (docs/bsf.md §1, §2; docs/theory.md §4.1)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_soft_threshold_shrinks_each_norm_by_theta(seed, n_b, q, theta):
     a = _random_blocks(np.random.default_rng(seed), n_b, q, theta)
     z = block_soft_threshold(a, theta)
     np.testing.assert_allclose(block_norms(z), np.maximum(block_norms(a) - theta, 0.0), atol=1e-12)
-    # Each block is theory.md §4.1's per-point minimiser (‖a_g‖ − θ)₊ a_g/‖a_g‖ (columns there).
+    # Each block is docs/theory.md §4.1's per-point minimiser (‖a_g‖ − θ)₊ a_g/‖a_g‖ (columns there).
     np.testing.assert_allclose(z, per_point_bound_attainer(a.T, theta).T, atol=1e-12)
 
 
@@ -154,7 +154,7 @@ def test_orthonormal_block_containing_x_attains_the_bound(seed, D, data, lam, si
     z = orthonormal_block_code(frame, x, lam)
     assert block_wide_objective(x, frame[None], z[None], lam) == pytest.approx(h, abs=1e-12)
     assert orthonormal_block_value(frame, x, lam) == pytest.approx(h, abs=1e-12)
-    # Group soft-threshold of the norm: reconstruction (‖x‖ − λ)₊ x/‖x‖ (theory.md §4.2).
+    # Group soft-threshold of the norm: reconstruction (‖x‖ − λ)₊ x/‖x‖ (docs/theory.md §4.2).
     np.testing.assert_allclose(frame @ z, per_point_bound_attainer(x[:, None], lam)[:, 0], atol=1e-12)
     # Other blocks do not help: the solver's optimum over [frame, random blocks] is still h.
     W = np.concatenate([frame[None], _op_norm_dictionary(rng, 2, D, q, 1.0)])

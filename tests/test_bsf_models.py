@@ -1,4 +1,4 @@
-"""Tests for empirics.bsf_models (spec/bsf.md §2–§4, §9)."""
+"""Tests for empirics.bsf_models (docs/bsf.md §2–§4, §9)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tests of the §3/§6 diagnostics, the hull-distance QP and the best-new-atom search.
 
-spec/theory.md §3 (R1, S1, R2, (4), (5), (5′), S4, S6), §6 (JSON keys), §8 Q1 (hull candidates).
+docs/theory.md §3 (R1, S1, R2, (4), (5), (5′), S4, S6), §6 (JSON keys), §8 Q1 (hull candidates).
 All stationary points used here are exact and built in closed form (no learner).
 """
 

@@ -1,4 +1,4 @@
-"""Subspace similarity and Hungarian atom matching of form dictionaries (spec/bilinear.md §7)."""
+"""Subspace similarity and Hungarian atom matching of form dictionaries (docs/bilinear.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact non-negative lasso codes for fixed (W, b) (spec/theory.md §1, KKT-z).
+"""Exact non-negative lasso codes for fixed (W, b) (docs/theory.md §1, KKT-z).
 
 References: cvxpy + Clarabel on the same problem, scikit-learn's ``sparse_encode`` (same
 minimiser with α = λ, spec §1 table), the one-atom closed form and the zero-code threshold.

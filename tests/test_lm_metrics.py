@@ -1,4 +1,4 @@
-"""LM metrics (spec/vasae.md §5, spec/ecosystem.md §2) on the tinycoder fixture and hand-made cases."""
+"""LM metrics (docs/vasae.md §5, docs/ecosystem.md §2) on the tinycoder fixture and hand-made cases."""
 
 from __future__ import annotations
 

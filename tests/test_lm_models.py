@@ -1,7 +1,7 @@
-"""Offline LM loading and residual hooks (empirics/lm_models.py; spec/ecosystem.md §5, spec/vasae.md §1).
+"""Offline LM loading and residual hooks (empirics/lm_models.py; docs/ecosystem.md §5, docs/vasae.md §1).
 
 tinycoder (untrained 2-layer LLaMA, d 16) keeps these fast; the tests marked ``slow`` load the real
-SmolLM2-135M-Instruct once per run and check the verified facts of ecosystem §5.
+SmolLM2-135M-Instruct once per run and check the verified facts of docs/ecosystem.md §5.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def test_load_errors(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_smollm2_verified_facts(smol):
-    """ecosystem §5: LlamaForCausalLM, 31 hidden states [B,T,576], W_E (49152,576) = LM head,
+    """docs/ecosystem.md §5: LlamaForCausalLM, 31 hidden states [B,T,576], W_E (49152,576) = LM head,
     capture == hidden_states[l+1], greedy " Paris.", zero ablation of layer 5 gives CE ln V."""
     assert type(smol.model).__name__ == "LlamaForCausalLM"
     assert (smol.n_layers, smol.d_model, smol.vocab_size) == (30, 576, 49152)
@@ -198,6 +198,6 @@ def test_smollm2_verified_facts(smol):
             ce_zero = lm_loss(smol, sentence).mean().item()
     assert smol.tokenizer.decode(greedy[0, 5:]) == " Paris."
     assert smol.token_strings(greedy[0, 5:6].tolist()) == [" Paris"]
-    assert 1.0 < ce_clean < 5.0, ce_clean  # measured 3.56 (ecosystem §5: 2.86 on its sentence)
+    assert 1.0 < ce_clean < 5.0, ce_clean  # measured 3.56 (docs/ecosystem.md §5: 2.86 on its sentence)
     # LLaMA blocks have no biases: a zero residual stays zero, the logits are 0, the prediction uniform
-    assert ce_zero == pytest.approx(np.log(49152), abs=1e-5)  # = 10.80, ecosystem §5's "10.8"
+    assert ce_zero == pytest.approx(np.log(49152), abs=1e-5)  # = 10.80, docs/ecosystem.md §5's "10.8"

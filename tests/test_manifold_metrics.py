@@ -1,4 +1,4 @@
-"""Recovery R², MDL bits, stable rank and half variance (spec/bsf.md §6–§9)."""
+"""Recovery R², MDL bits, stable rank and half variance (docs/bsf.md §6–§9)."""
 
 from __future__ import annotations
 

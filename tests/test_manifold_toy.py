@@ -1,4 +1,4 @@
-"""The synthetic manifold benchmark generator (spec/bsf.md §5)."""
+"""The synthetic manifold benchmark generator (docs/bsf.md §5)."""
 
 from __future__ import annotations
 

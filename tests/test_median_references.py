@@ -1,6 +1,6 @@
 """The specialised medians (solvers.medians) against the exact conic references (solvers.median_references).
 
-spec/theory.md §4.3 (Huber-smoothed and plain geometric median; reference C3 of §9). Agreement
+docs/theory.md §4.3 (Huber-smoothed and plain geometric median; reference C3 of §9). Agreement
 asked: objective within 1e-7 relative, b within 1e-5, on small random sets that include
 coincident points (the median equal to a data point), duplicated points and 1-D data.
 """

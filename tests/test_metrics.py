@@ -1,4 +1,4 @@
-"""Tests for empirics/metrics.py (spec/ecosystem.md §2, spec/theory.md §6 amortisation_gap).
+"""Tests for empirics/metrics.py (docs/ecosystem.md §2, docs/theory.md §6 amortisation_gap).
 
 Metrics take tokens as ROWS (N, D); amortisation_gap takes the theory layout X (D, N).
 """
@@ -26,7 +26,7 @@ def _data(seed: int, n: int = 40, d: int = 6, noise: float = 0.3):
     return x, x_hat
 
 
-# ---------------------------------------------------------------- closed forms (ecosystem.md §2)
+# ---------------------------------------------------------------- closed forms (docs/ecosystem.md §2)
 
 
 def test_predicting_mean_gives_ve_0_fvu_1():
@@ -266,7 +266,7 @@ def test_rel_recon_bias_edge_cases():
     assert M.rel_recon_bias(x, -2 * x) == pytest.approx(-2.0)
 
 
-# ---------------------------------------------------------------- amortisation gap (theory.md §6)
+# ---------------------------------------------------------------- amortisation gap (docs/theory.md §6)
 
 
 def _problem(seed: int, D: int = 5, d_z: int = 8, N: int = 30):

@@ -1,4 +1,4 @@
-"""Geometry readout of quadratic forms (theory/quadric_geometry.py; spec/bilinear.md §6)."""
+"""Geometry readout of quadratic forms (theory/quadric_geometry.py; docs/bilinear.md §6)."""
 
 from __future__ import annotations
 

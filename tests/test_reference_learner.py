@@ -1,4 +1,4 @@
-"""Tests of the reference learner (spec/theory.md §2.2) and the §5.2–§5.4 toy-model assertions.
+"""Tests of the reference learner (docs/theory.md §2.2) and the §5.2–§5.4 toy-model assertions.
 
 Stationarity is checked on the learner's own codes (converted to objective (1)):
 KKT-z (φ_id = 1 on active entries, ≤ 1 elsewhere), S1 (Σ_i z_di r_i = λ‖z_d·‖₁ ŵ_d, relative to
@@ -391,7 +391,7 @@ def test_dense_feature_dz4_antipodal_pair(dense_toy):
 # §5.1 dense scalar, constant amplitude: the deterministic table (one latent, +u or −u)
 # ------------------------------------------------------------------------------------------------
 
-TABLE_51 = {  # λ: {p: (b*, mean objective)}  spec/theory.md §5.1, a = 2, N = 1000
+TABLE_51 = {  # λ: {p: (b*, mean objective)}  docs/theory.md §5.1, a = 2, N = 1000
     0.1: {0.2: (0.025, 0.0775), 0.49: (0.096078, 0.186392), 0.51: (1.903922, 0.186392), 0.8: (1.975, 0.0775)},
     0.3: {0.4: (0.2, 0.42), 0.6: (1.8, 0.42)},
     0.6: {0.49: (0.576471, 0.830118), 0.51: (1.423529, 0.830118)},

@@ -1,4 +1,4 @@
-"""Tests for empirics.sae_io: the SAELens-compatible save format (spec/ecosystem.md §1)."""
+"""Tests for empirics.sae_io: the SAELens-compatible save format (docs/ecosystem.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for empirics.sae_models (spec/ecosystem.md §1, §3; spec/theory.md §1, §4.5)."""
+"""Tests for empirics.sae_models (docs/ecosystem.md §1, §3; docs/theory.md §1, §4.5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hypothesis properties of the theory identities (spec/theory.md §2, §4, §5.1)."""
+"""Hypothesis properties of the theory identities (docs/theory.md §2, §4, §5.1)."""
 
 from __future__ import annotations
 

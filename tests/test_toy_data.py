@@ -1,4 +1,4 @@
-"""Tests of the toy data generators (empirics/toy_data.py; spec/theory.md §4, §5)."""
+"""Tests of the toy data generators (empirics/toy_data.py; docs/theory.md §4, §5)."""
 
 from __future__ import annotations
 

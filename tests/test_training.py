@@ -1,4 +1,4 @@
-"""Tests for empirics.training (spec/ecosystem.md §3): schedule, determinism, kill/resume, files."""
+"""Tests for empirics.training (docs/ecosystem.md §3): schedule, determinism, kill/resume, files."""
 
 from __future__ import annotations
 

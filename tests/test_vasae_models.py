@@ -1,4 +1,4 @@
-"""VASAE model (spec/vasae.md §1–§4, §9): chunked anchor loss vs the naive full max, anchor_every,
+"""VASAE model (docs/vasae.md §1–§4, §9): chunked anchor loss vs the naive full max, anchor_every,
 training-mode-only anchor, hard-tied baseline and its size errors, save/load round trip."""
 
 from __future__ import annotations

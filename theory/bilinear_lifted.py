@@ -1,6 +1,6 @@
 """Bilinear autoencoders in the lifted space: forms, the kernel-trick loss, its gradients, Hoyer density.
 
-spec/bilinear.md §0–§3, §5 and §10. float64 numpy references; the test oracles of
+docs/bilinear.md §0–§3, §5 and §10. float64 numpy references; the test oracles of
 :mod:`empirics.bilinear_models`.
 
 Layout (as everywhere in dictcheck): tokens are ROWS. ``X`` is (N, D) with unit-norm rows,
@@ -24,7 +24,7 @@ Batch loss (spec §3), with ‖x‖ = 1 so ‖T‖_F = 1 and ⟨T, W_j⟩ = z_j:
     L = (1/N) Σ_i ‖x_i x_iᵀ − Σ_j z_ij W_j‖_F² = (1/N)[⟨K, ZᵀZ⟩_F − 2‖Z‖_F² + N].
 
 For the compound prior the quadratic term is evaluated in atom space (spec §3): with H = Z C,
-⟨K, ZᵀZ⟩ = ⟨(UUᵀ)^∘2, HᵀH⟩. Tiling (spec §3, pitfall §9.1): the quadratic term is
+⟨K, ZᵀZ⟩ = ⟨(UUᵀ)^∘2, HᵀH⟩. Tiling (spec §3, §9 pitfall 1): the quadratic term is
 Σ_{I≤J} w_IJ ⟨K_IJ, M_Iᵀ M_J⟩ over blocks of the latent (compound: atom) axis with w = 1 on
 diagonal block pairs and w = 2 off the diagonal (K and MᵀM are symmetric).
 
@@ -203,7 +203,7 @@ def kernel_block(prior: str, decoder: str, U: Any, V: Any, rows: slice, cols: sl
 def block_pairs(m: int, tile: int) -> list[tuple[slice, slice, float]]:
     """Unordered block pairs (I ≤ J) of an axis of length m in tiles of ``tile`` (0 = one block).
 
-    Weight 1 for diagonal pairs and 2 for off-diagonal ones (spec §3; pitfall §9.1).
+    Weight 1 for diagonal pairs and 2 for off-diagonal ones (spec §3; §9 pitfall 1).
     """
     if tile < 0:
         raise ValueError(f"tile must be >= 0, got {tile}")

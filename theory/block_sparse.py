@@ -1,21 +1,21 @@
-"""Block-sparse operators and the block wide limit (spec/bsf.md §0–§2; spec/theory.md §4.1).
+"""Block-sparse operators and the block wide limit (docs/bsf.md §0–§2; docs/theory.md §4.1).
 
 Layout: a block code is an array of shape (..., n_b, q) — n_b blocks of size q, the last axis
 holding one block z_g ∈ R^q (a flat code of length n_b·q reshapes to this with block g =
-entries g·q … g·q+q−1, spec/bsf.md §0). A block dictionary is an array of shape (n_b, D, q)
+entries g·q … g·q+q−1, docs/bsf.md §0). A block dictionary is an array of shape (n_b, D, q)
 holding the decoder blocks W_g ∈ R^{D×q}, so x̂ = Σ_g W_g z_g.
 
 * :func:`block_soft_threshold` — sh_θ(a)_g = max(0, 1 − θ/‖a_g‖)·a_g with ‖a_g‖ clamped below at
-  1e-8: the proximal operator of θ‖·‖_{2,1} (spec/bsf.md §2).
+  1e-8: the proximal operator of θ‖·‖_{2,1} (docs/bsf.md §2).
 * :func:`block_topk` — Π_k: keep the k blocks of largest norm (ties to the lowest index,
-  Decision), the Euclidean projection onto {‖z‖_{2,0} ≤ k} (spec/bsf.md §2).
+  Decision), the Euclidean projection onto {‖z‖_{2,0} ≤ k} (docs/bsf.md §2).
 * :func:`block_wide_objective`, :func:`block_wide_bound`, :func:`orthonormal_block_code` — the
-  block wide limit (spec/bsf.md §1): for ‖W_g‖₂ ≤ 1 every code has
+  block wide limit (docs/bsf.md §1): for ‖W_g‖₂ ≤ 1 every code has
   ‖x̃ − Σ_g W_g z_g‖² + 2λΣ_g‖z_g‖ ≥ h_λ(‖x̃‖), with equality for an orthonormal block whose span
   contains x̃ and the group soft-threshold code z = max(0, 1 − λ/‖Wᵀx̃‖)·Wᵀx̃. [derived] For
   ‖W_g‖₂ ≤ σ the bound sharpens to h_{λ/σ}(‖x̃‖), which is why unit-Frobenius blocks of rank ≥ 2
   (σ < 1) cannot attain h_λ.
-* :func:`lam_from_group_lasso_coef` — λ = c·D/2 (spec/bsf.md §1, "λ conversion").
+* :func:`lam_from_group_lasso_coef` — λ = c·D/2 (docs/bsf.md §1, "λ conversion").
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = [
     "lam_from_group_lasso_coef",
 ]
 
-#: Lower clamp of ‖a_g‖ inside sh_θ (spec/bsf.md §2).
+#: Lower clamp of ‖a_g‖ inside sh_θ (docs/bsf.md §2).
 NORM_CLAMP = 1e-8
 
 
@@ -57,12 +57,12 @@ def block_norms(a: ArrayLike) -> NDArray[np.float64]:
 
 
 def l21_norm(z: ArrayLike) -> NDArray[np.float64]:
-    """‖z‖_{2,1} = Σ_g ‖z_g‖₂ of a block code (..., n_b, q); shape (...) (spec/bsf.md §0)."""
+    """‖z‖_{2,1} = Σ_g ‖z_g‖₂ of a block code (..., n_b, q); shape (...) (docs/bsf.md §0)."""
     return block_norms(z).sum(axis=-1)
 
 
 def block_soft_threshold(a: ArrayLike, theta: float) -> NDArray[np.float64]:
-    """sh_θ(a)_g = max(0, 1 − θ/max(‖a_g‖, 1e-8))·a_g (spec/bsf.md §2).
+    """sh_θ(a)_g = max(0, 1 − θ/max(‖a_g‖, 1e-8))·a_g (docs/bsf.md §2).
 
     This is prox_{θ‖·‖_{2,1}}(a) = argmin_z ½‖z − a‖² + θ Σ_g ‖z_g‖: the objective separates over
     blocks, and for one block the minimiser is parallel to a_g with norm (‖a_g‖ − θ)₊ (the scalar
@@ -76,7 +76,7 @@ def block_soft_threshold(a: ArrayLike, theta: float) -> NDArray[np.float64]:
 
 
 def block_topk(a: ArrayLike, k: int) -> NDArray[np.float64]:
-    """Π_k(a)_g = a_g·1[‖a_g‖ is among the k largest] per sample (spec/bsf.md §2).
+    """Π_k(a)_g = a_g·1[‖a_g‖ is among the k largest] per sample (docs/bsf.md §2).
 
     Ties in ‖a_g‖ go to the lowest block index (Decision). Π_k is a Euclidean projection onto
     {z : ‖z‖_{2,0} ≤ k}: for a support S of k blocks the closest z is a restricted to S, at squared
@@ -117,7 +117,7 @@ def _point(x: ArrayLike) -> NDArray[np.float64]:
 def block_wide_objective(x: ArrayLike, W: ArrayLike, z: ArrayLike, lam: float) -> float:
     """‖x̃ − Σ_g W_g z_g‖² + 2λ Σ_g ‖z_g‖₂ for one centred point x̃ (D,), W (n_b, D, q), z (n_b, q).
 
-    The block ℓ_{2,1} objective of spec/bsf.md §1 (theory.md objective (1) per point, with the
+    The block ℓ_{2,1} objective of docs/bsf.md §1 (docs/theory.md objective (1) per point, with the
     ℓ₁ penalty replaced by ℓ_{2,1}).
     """
     x = _point(x)
@@ -131,7 +131,7 @@ def block_wide_objective(x: ArrayLike, W: ArrayLike, z: ArrayLike, lam: float) -
 
 def block_wide_bound(x: ArrayLike, lam: float, op_norm: float = 1.0) -> float:
     """h_{λ/σ}(‖x̃‖) with σ = ``op_norm``: a lower bound of :func:`block_wide_objective` over all codes
-    and all dictionaries with max_g ‖W_g‖₂ ≤ σ (spec/bsf.md §1; theory.md §4.1 bound (6)).
+    and all dictionaries with max_g ‖W_g‖₂ ≤ σ (docs/bsf.md §1; docs/theory.md §4.1 bound (6)).
 
     The default σ = 1 gives the spec's bound h_λ(‖x̃‖). Proof: y = Σ_g W_g z_g has
     ‖y‖ ≤ Σ_g ‖W_g‖₂‖z_g‖ ≤ σΣ_g‖z_g‖, so the objective is ≥ ‖x̃ − y‖² + (2λ/σ)‖y‖ ≥
@@ -156,11 +156,11 @@ def _orthonormal_block(W_g: ArrayLike, D: int, tol: float) -> NDArray[np.float64
 
 def orthonormal_block_code(W_g: ArrayLike, x: ArrayLike, lam: float, *, tol: float = 1e-10) -> NDArray[np.float64]:
     """argmin_z ‖x̃ − W_g z‖² + 2λ‖z‖ for an orthonormal block (W_gᵀW_g = I_q): the group
-    soft-threshold z = max(0, 1 − λ/‖W_gᵀx̃‖)·W_gᵀx̃ = sh_λ(W_gᵀx̃) (spec/bsf.md §1).
+    soft-threshold z = max(0, 1 − λ/‖W_gᵀx̃‖)·W_gᵀx̃ = sh_λ(W_gᵀx̃) (docs/bsf.md §1).
 
     With u = W_gᵀx̃ the objective is ‖x̃ − W_gu‖² + ‖u − z‖² + 2λ‖z‖ (Pythagoras), whose minimiser
     is the prox of λ‖·‖ at u. When x̃ ∈ span(W_g) the value is h_λ(‖x̃‖), attaining
-    :func:`block_wide_bound`; the reconstruction is (‖x̃‖ − λ)₊ x̃/‖x̃‖ as in theory.md §4.2.
+    :func:`block_wide_bound`; the reconstruction is (‖x̃‖ − λ)₊ x̃/‖x̃‖ as in docs/theory.md §4.2.
     """
     x = _point(x)
     W_g = _orthonormal_block(W_g, x.shape[0], tol)
@@ -168,7 +168,7 @@ def orthonormal_block_code(W_g: ArrayLike, x: ArrayLike, lam: float, *, tol: flo
 
 
 def orthonormal_block_value(W_g: ArrayLike, x: ArrayLike, lam: float, *, tol: float = 1e-10) -> float:
-    """The optimal value for one orthonormal block: ‖x̃‖² − ‖u‖² + h_λ(‖u‖), u = W_gᵀx̃ (spec/bsf.md §1).
+    """The optimal value for one orthonormal block: ‖x̃‖² − ‖u‖² + h_λ(‖u‖), u = W_gᵀx̃ (docs/bsf.md §1).
 
     Since h_λ(ρ) − ρ² = −((ρ − λ)₊)² is non-increasing and ‖u‖ ≤ ‖x̃‖, the value is ≥ h_λ(‖x̃‖),
     with equality iff x̃ ∈ span(W_g) (‖u‖ = ‖x̃‖) or ‖x̃‖ ≤ λ.
@@ -179,7 +179,7 @@ def orthonormal_block_value(W_g: ArrayLike, x: ArrayLike, lam: float, *, tol: fl
 
 
 def lam_from_group_lasso_coef(c: float, D: int) -> float:
-    """λ = c·D/2 (spec/bsf.md §1, "λ conversion").
+    """λ = c·D/2 (docs/bsf.md §1, "λ conversion").
 
     The group-lasso loss per sample, (1/D)‖x − x̂‖² + c Σ_g‖z_g‖, is 1/D times
     ‖x − x̂‖² + 2λ Σ_g‖z_g‖ with 2λ = cD, so both have the same minimisers.

@@ -1,4 +1,4 @@
-"""Closed forms for the 1-D dense-scalar toy (spec/theory.md §5.1).
+"""Closed forms for the 1-D dense-scalar toy (docs/theory.md §5.1).
 
 x_i = s_i u with s_i = 0 with probability 1 − p and s_i = a > 0 otherwise. Atoms can only be ±u,
 and the wide-limit optimum reduces to min_b (1/N) Σ_i h_λ(|s_i − b|).

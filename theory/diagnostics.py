@@ -1,6 +1,6 @@
-"""Diagnostics of a dictionary at given codes: the local optimality conditions (spec/theory.md §3, §6).
+"""Diagnostics of a dictionary at given codes: the local optimality conditions (docs/theory.md §3, §6).
 
-Inputs follow the shared conventions (spec/README.md): X (D, N) points as columns, W (D, d_z) unit
+Inputs follow the shared conventions (docs/README.md): X (D, N) points as columns, W (D, d_z) unit
 atoms as columns, Z (d_z, N) **unit-atom** codes ≥ 0, b (D,), λ of objective (1). From them
 
     r_i = x_i − b − W z_i,     φ_i = Ŵᵀ r_i / λ ∈ R^{d_z},     A_d = {i : z_di > τ_act},
@@ -83,7 +83,7 @@ def clean_codes(Z: ArrayLike) -> NDArray[np.float64]:
 
 
 def residuals(W: NDArray, Z: NDArray, b: ArrayLike, X: NDArray) -> NDArray[np.float64]:
-    """R = X̃ − W Z, i.e. r_i = x_i − b − W z_i (spec README, shared notation)."""
+    """R = X̃ − W Z, i.e. r_i = x_i − b − W z_i (docs/README.md, shared notation)."""
     return centred(X, b) - np.asarray(W, dtype=np.float64) @ np.asarray(Z, dtype=np.float64)
 
 

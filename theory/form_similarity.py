@@ -1,4 +1,4 @@
-"""Subspace (Frobenius) similarity of two dictionaries of quadratic forms (spec/bilinear.md §7).
+"""Subspace (Frobenius) similarity of two dictionaries of quadratic forms (docs/bilinear.md §7).
 
 For dictionaries a and b with symmetrised forms {W_j^a}, {W_l^b} (composites for compound):
 

@@ -1,4 +1,4 @@
-"""The Huber function h_λ and the per-point bound (6) (spec/theory.md §0, §4.1, §4.3).
+"""The Huber function h_λ and the per-point bound (6) (docs/theory.md §0, §4.1, §4.3).
 
 h_λ(ρ) = ρ² if ρ ≤ λ, else 2λρ − λ². It is *twice* the textbook Huber loss with threshold λ
 (scipy.special.huber(λ, ρ) = h_λ(ρ)/2).
@@ -11,7 +11,7 @@ from numpy.typing import ArrayLike, NDArray
 
 
 def huber(rho: ArrayLike, lam: float) -> NDArray[np.float64]:
-    """h_λ(ρ) elementwise: ρ² for ρ ≤ λ, 2λρ − λ² beyond (spec/theory.md §0)."""
+    """h_λ(ρ) elementwise: ρ² for ρ ≤ λ, 2λρ − λ² beyond (docs/theory.md §0)."""
     rho = np.asarray(rho, dtype=np.float64)
     return np.where(rho <= lam, rho**2, 2.0 * lam * rho - lam**2)
 

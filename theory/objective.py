@@ -1,6 +1,6 @@
 """Objective (1), its scaling-symmetric form (2) and the program J(Q, b) over Q = ZᵀZ (3).
 
-spec/theory.md §1–§2. Shapes: X (D, N) points as columns, W (D, d_z), Z (d_z, N), b (D,).
+docs/theory.md §1–§2. Shapes: X (D, N) points as columns, W (D, d_z), Z (d_z, N), b (D,).
 Every value is a mean over the N points.
 """
 

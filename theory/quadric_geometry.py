@@ -1,4 +1,4 @@
-"""Geometry of bilinear latents read from the weights alone (spec/bilinear.md §6).
+"""Geometry of bilinear latents read from the weights alone (docs/bilinear.md §6).
 
 Every latent of a bilinear autoencoder is a quadratic form. All three priors (§2) are sparse sums of
 symmetrised rank-≤2 atoms, so one factored representation serves them all (:class:`FactoredForms`):

@@ -1,5 +1,5 @@
-"""Sympy derivations of the identities the theory rests on (spec/theory.md §2.1, §4.1, §5.1;
-spec/bsf.md §6, §9 for the manifold variance fractions).
+"""Sympy derivations of the identities the theory rests on (docs/theory.md §2.1, §4.1, §5.1;
+docs/bsf.md §6, §9 for the manifold variance fractions).
 
 Each function derives a result symbolically and returns the derived expression, so tests and
 checks can compare it with the closed forms used numerically elsewhere.
@@ -44,9 +44,9 @@ def dense_scalar_bias() -> tuple[sp.Expr, sp.Expr]:
 
 
 def analytic_best_direction_fraction(kind: str) -> sp.Rational:
-    """Exact λ_max(Cov)/tr(Cov) for the uniform circle, S² and Clifford torus (spec/bsf.md §9), by sympy integration.
+    """Exact λ_max(Cov)/tr(Cov) for the uniform circle, S² and Clifford torus (docs/bsf.md §9), by sympy integration.
 
-    Cov = E[φφᵀ] (every such manifold has E φ = 0) with the uniform measure of spec/bsf.md §5.
+    Cov = E[φφᵀ] (every such manifold has E φ = 0) with the uniform measure of docs/bsf.md §5.
     """
     a, b = sp.symbols("a b", real=True)
     if kind == "circle":
@@ -67,7 +67,7 @@ def analytic_best_direction_fraction(kind: str) -> sp.Rational:
 
 
 def analytic_nonnegative_circle_r2() -> sp.Rational:
-    """Exact R² of a non-negative atom on the uniform unit circle (spec/bsf.md §6, §9).
+    """Exact R² of a non-negative atom on the uniform unit circle (docs/bsf.md §6, §9).
 
     With w = e₁ and t = (cos θ)_+: E‖m − t w‖² = E‖m‖² − E[t²], so R² = E[(cos θ)_+²]/E‖m‖²
     = (1/2π)∫_{−π/2}^{π/2} cos²θ dθ.

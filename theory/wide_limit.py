@@ -1,4 +1,4 @@
-"""Closed-form wide-limit optimum at a given bias (spec/theory.md §4.2).
+"""Closed-form wide-limit optimum at a given bias (docs/theory.md §4.2).
 
 With one atom per distinct ray from b, min over (W, Z ≥ 0) of objective (1) equals
 (1/N) Σ_i h_λ(‖x_i − b‖). Points with ρ_i > λ are represented by the atom x̃_i/ρ_i with

@@ -1,4 +1,4 @@
-"""The 50% threshold for a dense scalar feature in the wide limit (spec/theory.md §5.1, §3 S6)."""
+"""The 50% threshold for a dense scalar feature in the wide limit (docs/theory.md §5.1, §3 S6)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dictcheck.solvers.wide_limit import solve_wide_limit
 from dictcheck.theory.dense_scalar import dense_scalar_optimum
 from dictcheck.theory.symbolic import dense_scalar_bias
 
-# Spec §5.1 deterministic table (a = 2, N = 1000): λ → p → (b*, mean objective)
+# docs/theory.md §5.1 deterministic table (a = 2, N = 1000): λ → p → (b*, mean objective)
 _SPEC_TABLE = {
     0.1: {0.20: (0.025000, 0.077500), 0.40: (0.066667, 0.153333), 0.49: (0.096078, 0.186392),
           0.51: (1.903922, 0.186392), 0.60: (1.933333, 0.153333), 0.80: (1.975000, 0.077500)},
@@ -38,7 +38,7 @@ def _atoms(solution) -> str:
 @check(
     "antipodal.threshold_1d",
     "Dense scalar: one ray below p = 1/2, an antipodal pair above",
-    "theory.md §5.1, §3 S6",
+    "docs/theory.md §5.1, §3 S6",
     predicted="Active values U[1, 3], N = 4000, λ ∈ {0.1, 0.3}: for p < 1/2 the optimum uses only +u with "
     "b* = λp̂/(1−p̂) exactly; for p > 1/2 it uses the pair ±u and b* > 0.5. Constant amplitude a = 2: the spec's "
     "table of b*, objective and atoms (λ ∈ {0.1, 0.3, 0.6, 1.5}) and the closed form b* = λp/(1−p).",

@@ -1,4 +1,4 @@
-"""Checks of the bilinear autoencoders (spec/bilinear.md §1–§8; issue 5 item 8).
+"""Checks of the bilinear autoencoders (docs/bilinear.md §1–§8; issue 5 item 8).
 
 Quick checks (no training): ``bilinear.kernel_exact`` (the kernel-trick loss and its gradient equal
 the naive lifted loss for every prior) and ``bilinear.hoyer_scale_invariant``. Full-suite checks
@@ -207,7 +207,7 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
 @check(
     "bilinear.kernel_exact",
     "Kernel-trick lifted loss and its gradient equal the naive lifted loss for every prior",
-    "bilinear.md §1, §3 (tiling §3, pitfall §9.1)",
+    "docs/bilinear.md §1, §3 (tiling §3, §9 pitfall 1)",
     predicted=f"For quadratic (symmetric and asymmetric decoder), atomic and compound (top-k_c C) models with "
     f"random shapes, random weights, random tiles and unnormalised tokens, in float64: the model's kernel loss, "
     f"the theory kernel loss, the model's autograd gradient and the closed-form gradients all equal the naive "
@@ -235,7 +235,7 @@ def bilinear_kernel_exact(ctx: CheckContext) -> Outcome:
 @check(
     "bilinear.hoyer_scale_invariant",
     "Hoyer density: invariant to rescaling a latent, 0 for one active token, 1 for uniform magnitude",
-    "bilinear.md §5",
+    "docs/bilinear.md §5",
     predicted="η_j = (‖a_j‖₁/‖a_j‖₂ − 1)/(√N − 1) per latent over the batch is unchanged when latent j is "
     "multiplied by any nonzero s (also inside a trained-style model: an atomic row u_j → √s u_j), is exactly 0 "
     "for a latent active on one token and exactly 1 for a latent of equal magnitude (any signs) on every token; "
@@ -346,7 +346,7 @@ def _angles_text(table: list[dict[str, Any]]) -> str:
 @check(
     "bilinear.geometry_recovery",
     "Quadric toy: planted subspaces and shapes are read off the weights",
-    "bilinear.md §6; issue 5 item 8",
+    "docs/bilinear.md §6; issue 5 item 8",
     predicted=f"A compound model ({_GEO_MODEL['d_sae']} composites, {_GEO_MODEL['options']['n_atoms']} atoms, "
     f"k_c = {_GEO_MODEL['options']['k_c']}, α_H = {_HOYER}) trained on the quadric toy (circle, ellipsoid, "
     f"hyperboloid sheet in orthogonal random subspaces of R^16, plus linear features): for every planted "
@@ -445,7 +445,7 @@ def _decoder_rank_bound(spec: dict[str, Any]) -> int:
 @check(
     "bilinear.prior_ordering",
     "Quadric toy at equal parameter budget: lifted NMSE compound, quadratic < atomic < linear TopK SAE",
-    "bilinear.md §2 (parameter counts), §8 (nmse_lifted, seed-summary claim)",
+    "docs/bilinear.md §2 (parameter counts), §8 (nmse_lifted, seed-summary claim)",
     predicted=f"At an equal budget of {BUDGET} parameters on the quadric toy (D = 16): compound (24 atoms, 32 "
     f"composites, k_c = 4) and quadratic/GLU (16 latents) reach a lower lifted NMSE than atomic (32 latents), and "
     f"atomic lower than a linear TopK SAE (16 latents, k = 4) whose reconstruction x̂ is lifted to x̂x̂ᵀ and "
@@ -515,7 +515,7 @@ _STABILITY_MODELS = {
 @check(
     "bilinear.subspace_stability",
     "Across 3 seeds: subspace similarity > 0.9 while one-to-one atom matching is lower",
-    "bilinear.md §7",
+    "docs/bilinear.md §7",
     predicted=f"For each prior (compound, quadratic, atomic; 24 latents each) trained with {STABILITY_SEEDS} seeds "
     f"on the same quadric toy, every pair of seeds has subspace similarity > {STABILITY_SIM} and a Hungarian "
     f"mean matched cosine (unit-Frobenius forms) below that similarity.",

@@ -1,4 +1,4 @@
-"""Checks of block-sparse featurizers on the synthetic manifold benchmark (spec/bsf.md §5–§9).
+"""Checks of block-sparse featurizers on the synthetic manifold benchmark (docs/bsf.md §5–§9).
 
 * ``bsf.circle_half_variance`` (quick): the §6/§9 single-direction ceiling, exact (sympy) against
   sampled and against evenly spaced angles.
@@ -81,7 +81,7 @@ def _rel(path: Path, ctx: CheckContext) -> str:
 @check(
     "bsf.circle_half_variance",
     "The best single direction explains exactly 1/2 of a uniform circle's variance (1/3 sphere, 1/4 torus)",
-    "bsf.md §6 (ceiling for one direction), §9 (half variance of a circle)",
+    "docs/bsf.md §6 (ceiling for one direction), §9 (half variance of a circle)",
     predicted="λ_max(Cov φ)/tr(Cov φ) = 1/2 (circle), 1/3 (S²), 1/4 (Clifford torus) exactly (sympy integrals); "
     f"sampled with N = {HALF_VARIANCE_N} uniform draws within {HALF_VARIANCE_TOL}; evenly spaced angles "
     f"(n ∈ {list(EVEN_ANGLES)}) give normalised eigenvalues [1/2, 1/2] to rounding; a non-negative atom "
@@ -145,8 +145,8 @@ def _circle_figure(ctx: CheckContext, bench: ManifoldBenchmark, trained: Trained
 @check(
     "bsf.recovery",
     "On the manifold benchmark every BSF variant recovers the manifolds (R² ≥ 0.9); a TopK SAE cannot (≤ 0.65)",
-    "bsf.md §5, §6, §9",
-    predicted=f"Spec §5 benchmark (D = 128, 8 circles + 8 spheres + 8 tori, k_true = 3, σ = 0.01), models of §5 "
+    "docs/bsf.md §5, §6, §9",
+    predicted=f"docs/bsf.md §5 benchmark (D = 128, 8 circles + 8 spheres + 8 tori, k_true = 3, σ = 0.01), models of §5 "
     f"(n_b = 48, q = 4, k = 3; TopK SAE with 192 latents, 12 active): mean best-block recovery R² ≥ "
     f"{RECOVERY_BSF_MIN} for bsf-vanilla, bsf-grassmann and bsf-grouplasso, and ≤ {RECOVERY_SAE_MAX} for the "
     "TopK SAE (a single atom's ceiling is ≈ 0.36 on this mix, §6).",
@@ -182,8 +182,8 @@ def bsf_recovery(ctx: CheckContext) -> Outcome:
         details={"rows": rows, "benchmark": {"D": s.data.D, "counts": [list(c) for c in s.data.counts],
                                              "n_train": s.data.n_train, "n_eval": s.data.n_eval, "seed": ctx.seed},
                  "training": {"steps": s.steps, "batch_size": s.batch_size, "lr": s.lr, "dtype": "float32",
-                              "data_prep": "centre by the training mean, rescale to E‖x‖² = D (spec §4)",
-                              "grouplasso": "paper version sh_θ, c_gl = 1e-2 (spec §3.3)"}},
+                              "data_prep": "centre by the training mean, rescale to E‖x‖² = D (docs/bsf.md §4)",
+                              "grouplasso": "paper version sh_θ, c_gl = 1e-2 (docs/bsf.md §3.3)"}},
         figures=[figure],
     )
 
@@ -195,10 +195,10 @@ def bsf_recovery(ctx: CheckContext) -> Outcome:
 @check(
     "bsf.mdl_block_dim",
     "With manifolds of one planted linear dimension n, the MDL-minimising block size is n",
-    "bsf.md §7 (prediction to test)",
+    "docs/bsf.md §7 (prediction to test)",
     predicted=f"For {MDL_N_MANIFOLDS} planted circles (n = 2), spheres (n = 3) or tori (n = 4) in D = "
     f"{MDL_SETTINGS.data.D} (k_true = 3, σ = 0.01), Vanilla BSFs at total width {MDL_WIDTH} with q ∈ "
-    f"{list(MDL_BLOCK_SIZES)} and k = 3·⌈n/q⌉: the total MDL (support + code + residual + dictionary, spec §7 "
+    f"{list(MDL_BLOCK_SIZES)} and k = 3·⌈n/q⌉: the total MDL (support + code + residual + dictionary, docs/bsf.md §7 "
     "defaults) is smallest at q = n, for each n.",
     quick=False,
 )
@@ -251,7 +251,7 @@ def bsf_mdl_block_dim(ctx: CheckContext) -> Outcome:
                                           "the training split, eval mode); each row lists every run ('candidates') "
                                           "and the kept one ('chosen')",
                               "k_rule": "k = k_true·⌈n/q⌉ (smallest k that represents every sample)",
-                              "codes": "the model's codes z (spec §7); rows also give total_orthonormal_codes, the "
+                              "codes": "the model's codes z (docs/bsf.md §7); rows also give total_orthonormal_codes, the "
                                        "total with codes in orthonormal block frames",
                               "argmin_q_orthonormal_codes": {n: min(rows, key=lambda r: r["total_orthonormal_codes"])["q"]
                                                              for n, rows in rows_by_n.items()}}},

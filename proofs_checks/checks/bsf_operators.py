@@ -1,4 +1,4 @@
-"""Checks of the block-sparse operators and the block wide limit (spec/bsf.md §1, §2, §3.2, §9).
+"""Checks of the block-sparse operators and the block wide limit (docs/bsf.md §1, §2, §3.2, §9).
 
 * ``bsf.prox_exact`` — sh_θ equals the numeric prox of θ‖·‖_{2,1} (cvxpy).
 * ``bsf.block_wide_limit`` — the ℓ_{2,1} problem with ‖W_g‖₂ ≤ 1 is ≥ h_λ(‖x̃‖), attained by an
@@ -55,7 +55,7 @@ def _prox_instance(rng: np.random.Generator) -> tuple[np.ndarray, float]:
 @check(
     "bsf.prox_exact",
     "sh_θ is the proximal operator of θ‖·‖₂,₁ (against a numeric prox by cvxpy)",
-    "bsf.md §2, §9",
+    "docs/bsf.md §2, §9",
     predicted="For 40 random block vectors (n_b ≤ 5, q ≤ 4, half the blocks below θ): "
     f"max |sh_θ(a) − prox_cvxpy(a)| ≤ {PROX_TOL:.0e}, and the prox objective at sh_θ(a) is never above "
     f"the solver's by more than {PROX_TOL:.0e}.",
@@ -133,7 +133,7 @@ def wide_limit_sweep(rng: np.random.Generator, n: int) -> dict[str, Any]:
 @check(
     "bsf.block_wide_limit",
     "Block wide limit: ℓ₂,₁ value ≥ h_λ(‖x̃‖), attained by an orthonormal block containing x̃",
-    "bsf.md §1 (block wide limit); theory.md §4.1 (6)",
+    "docs/bsf.md §1 (block wide limit); docs/theory.md §4.1 (6)",
     predicted="Over 25 random (x̃, λ, dictionary) with ‖W_g‖₂ ≤ 1: min_z value − h_λ(‖x̃‖) ≥ −1e-6, and "
     "value − h_{λ/σ}(‖x̃‖) ≥ −1e-6 with σ = max_g ‖W_g‖₂. With an orthonormal block whose span contains x̃ "
     "the group soft-threshold code z = max(0, 1 − λ/‖Wᵀx̃‖)Wᵀx̃ attains h_λ(‖x̃‖) (|diff| ≤ 1e-12) and so "
@@ -169,7 +169,7 @@ def block_wide_limit(ctx: CheckContext) -> Outcome:
 # --------------------------------------------------------------------------------------------------
 # bsf.grassmann_orthonormal
 
-#: The benchmark's model size (bsf.md §5: D = 128, n_b = 2·24, q = 4, k = 3) in the loop's default float32;
+#: The benchmark's model size (docs/bsf.md §5: D = 128, n_b = 2·24, q = 4, k = 3) in the loop's default float32;
 #: lr 1e-2 (25× the default 4e-4) so that the raw B_g drift far off the Stiefel manifold and stress the QR.
 _GRASSMANN = {"D": 128, "n_circles": 24, "k_true": 3, "n_b": 48, "q": 4, "k": 3, "N": 4096, "steps": 400,
               "batch_size": 256, "lr": 1e-2, "dtype": "float32", "noise": 0.01}
@@ -203,7 +203,7 @@ def _raw_departure(model: Any) -> float:
 @check(
     "bsf.grassmann_orthonormal",
     "Grassmannian BSF frames stay orthonormal to 1e-6 through training",
-    "bsf.md §3.2, §9",
+    "docs/bsf.md §3.2, §9",
     predicted=f"Training bsf-grassmann (float32, Adam lr {_GRASSMANN['lr']}, {_GRASSMANN['steps']} steps) on a sum of "
     "circles: max over every step and block of ‖W_gᵀW_g − I‖_F ≤ 1e-6, although the raw parameters B_g drift "
     "off the Stiefel manifold.",
@@ -230,7 +230,7 @@ def grassmann_orthonormal(ctx: CheckContext) -> Outcome:
                    f"(float32 QR of the drifted B, departure {measured['final_raw_B_departure']:.2e}).")
     return Outcome(
         measured=measured, tolerance=ORTHO_TOL, passed=passed, finding=finding,
-        tolerance_reason="The spec's invariant (bsf.md §9), unchanged. Householder QR in float32 (unit roundoff "
+        tolerance_reason="The spec's invariant (docs/bsf.md §9), unchanged. Householder QR in float32 (unit roundoff "
         "6e-8) leaves ‖QᵀQ − I‖_F of a few 1e-7 per block at D = 128, q = 4 (max ≈ 7e-7 over 48 blocks × 400 "
         "steps in our runs), so the margin to 1e-6 is small but the claim holds; float64 would pass trivially.",
         details={"training": p, "error_by_step_every_50": errors[::50]},

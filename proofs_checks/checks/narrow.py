@@ -1,4 +1,4 @@
-"""Checks of the local optimality conditions for narrow dictionaries (spec/theory.md §3, §5.2–§5.4)."""
+"""Checks of the local optimality conditions for narrow dictionaries (docs/theory.md §3, §5.2–§5.4)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ PERTURBATION = 0.05
 
 
 def _ground_truth_start(toy: Toy) -> tuple[np.ndarray, np.ndarray]:
-    """Unit-atom start at the ground truth: W_true and codes (Z_true − λ)₊ (spec §5.2)."""
+    """Unit-atom start at the ground truth: W_true and codes (Z_true − λ)₊ (docs/theory.md §5.2)."""
     return toy.ground_truth["W_true"], np.maximum(toy.ground_truth["Z_true"] - toy.lam, 0.0)
 
 
@@ -48,7 +48,7 @@ def _perturbed(W: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 @check(
     "narrow.kkt",
     "KKT-z (R1) at the reference learner's optimum, and its failure at a perturbed dictionary",
-    "theory.md §1 (KKT-z), §3 R1",
+    "docs/theory.md §1 (KKT-z), §3 R1",
     predicted=f"Independent-features toy: at the reference optimum max |φ_id − 1| on supports and (φ_id − 1)₊ off "
     f"them ≤ {STATIONARY_TOL:g}; the exact codes of the learned dictionary equal the learner's codes; with the codes "
     f"held fixed and the atoms perturbed by N(0, {PERTURBATION}²) the violation exceeds 1e-3.",
@@ -73,7 +73,7 @@ def narrow_kkt(ctx: CheckContext) -> Outcome:
 @check(
     "narrow.atom_stationarity",
     "Each atom is the activation-weighted mean of its residuals divided by λ (S1)",
-    "theory.md §3 S1, R2",
+    "docs/theory.md §3 S1, R2",
     predicted=f"At the reference optimum max_d ‖ŵ_d − Σ_i π_di r_i/λ‖ ≤ {STATIONARY_TOL:g} (learner codes and exact "
     "codes); at a perturbed dictionary with its own exact codes KKT still holds but S1 fails by more than 1e-3.",
 )
@@ -99,7 +99,7 @@ def narrow_atom_stationarity(ctx: CheckContext) -> Outcome:
 @check(
     "narrow.bias_identity",
     "Bias identity (4): mean of φ_id over points where d is off equals −p_d/(1 − p_d)",
-    "theory.md §3 (4)",
+    "docs/theory.md §3 (4)",
     predicted=f"At learned-bias reference optima (independent features; dense feature with d_z = 3 and 4) every "
     f"atom with 0 < p_d < 1 satisfies (4) to {STATIONARY_TOL:g}, and ‖R1‖/N ≤ {STATIONARY_TOL:g}.",
 )
@@ -123,7 +123,7 @@ def narrow_bias_identity(ctx: CheckContext) -> Outcome:
 @check(
     "narrow.hull_condition",
     "Convex-hull condition (5) holds at optima; which hull form of the paper's eq. 6 holds (open question)",
-    "theory.md §3 (5), (5′), §8 Q1",
+    "docs/theory.md §3 (5), (5′), §8 Q1",
     predicted="(5) holds exactly: c_d· = Σ_{i∈A_d} π_di φ_i (identity ≤ 1e-8, distance to conv{φ_i : i ∈ A_d} ≤ 1e-6) "
     "at every live atom of every toy's reference optimum. The inactive-point forms (H-inact-res, H-inact-data) and "
     "H-act-data are open; they are measured, not predicted.",
@@ -163,7 +163,7 @@ def narrow_hull_condition(ctx: CheckContext) -> Outcome:
 @check(
     "narrow.absorption",
     "Parent/child hierarchy: the ground truth is not stationary and the optimum absorbs",
-    "theory.md §3 S4, §5.2",
+    "docs/theory.md §3 S4, §5.2",
     predicted="Ground-truth atoms I₃ with exact codes are not stationary (S1 > 0.1) and have nested supports; the "
     "stationary point reached from them has no nested supports, an objective between the wide-limit bound and the "
     "start, and absorption: the parent is off on some child points and/or the children tilt toward the parent (cos > 0.1).",
@@ -203,7 +203,7 @@ def narrow_absorption(ctx: CheckContext) -> Outcome:
 @check(
     "narrow.antipodal_50pct",
     "The 50% rule: a dense feature splits into an antipodal pair when a spare latent exists",
-    "theory.md §3 S6, §5.4",
+    "docs/theory.md §3 S6, §5.4",
     predicted="Dense-feature toy (p = 0.7): with d_z = 3 the dense atom fires on > 1/2 of the points, (4) holds to "
     "1e-4 and its antipode gain is positive; with a spare latent (d_z = 4) the optimum has a pair with cosine < −0.99 "
     "whose members each fire on ≤ 1/2 + 2/N of the points, at a lower objective.",

@@ -64,7 +64,7 @@ def _antipode_table(result: TrainResult, X: np.ndarray) -> dict[str, Any]:
 @check(
     "real.antipodal_dense",
     "Real activations: dense latents of a relu SAE have decoder antipodes; an abs SAE has no antipodal pairs",
-    "theory.md §4.5, §5.1, §8 Q2; issue 7",
+    "docs/theory.md §4.5, §5.1, §8 Q2; issue 7",
     predicted=f"SmolLM2 layer {LAYER}, d_sae = {D_SAE}, λ = {LAM_UNITS}·median‖x − x̄‖/√D: in relu SAEs at λ·"
     f"{list(RELU_LAM_FACTORS)} (pooled), latents firing on > {DENSE:.0%} of held-out tokens have a decoder antipode "
     f"(cos < {ANTIPODAL_COSINE}) more often than the other alive latents; the abs SAE at λ (signed codes) has no "
@@ -116,7 +116,7 @@ def real_antipodal_dense(ctx: CheckContext) -> Outcome:
 @check(
     "real.stationarity",
     "Real activations: check-sae diagnostics of a relu SAE (amortisation gap, atoms failing each condition)",
-    "theory.md §6, §7, §8 Q3; issue 7",
+    "docs/theory.md §6, §7, §8 Q3; issue 7",
     predicted=f"relu SAE of real.antipodal_dense at its own λ, exact codes on {STATIONARITY_TOKENS} held-out tokens: "
     f"amortisation gap O(W, Z_encoder, b) − O(W, Z_exact, b) ≥ {GAP_TOL:g}; the share of atoms failing S1, the hull "
     "identity (5) and the bias identity (4) is reported (descriptive: §8 Q3 is open).",

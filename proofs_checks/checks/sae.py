@@ -1,4 +1,4 @@
-"""Checks of the theory against TRAINED sparse autoencoders (spec/theory.md §4, §5, §7, §8 Q2–Q3).
+"""Checks of the theory against TRAINED sparse autoencoders (docs/theory.md §4, §5, §7, §8 Q2–Q3).
 
 Every check trains small SAEs of :mod:`empirics.sae_models` with the project's training loop
 (:func:`empirics.training.train`) on a toy of :mod:`empirics.toy_data` and compares what the SAE
@@ -126,7 +126,7 @@ def antipodal_table(ctx: CheckContext, p_grid: tuple[float, ...] = ANTIPODAL_P,
 @check(
     "sae.antipodal_threshold",
     "Trained SAEs on the dense scalar: an antipodal pair iff p > 1/2 (relu, jumprelu), never with abs",
-    "theory.md §5.1, §4.5, §3 S6, §8 Q2",
+    "docs/theory.md §5.1, §4.5, §3 S6, §8 Q2",
     predicted=f"Dense-scalar toy in D = 2 (u = {ANTIPODAL_U}, active values U[1, 3], N = 2000, λ = 0.1), d_sae = 4, "
     f"p ∈ {list(ANTIPODAL_P)}: relu and jumprelu have two LIVE latents (firing on ≥ {LIVE_FRACTION:.0%} of the points) "
     f"with decoder cosine < {PAIR_COS} iff p > 1/2; abs (signed codes) never has such a pair.",
@@ -189,7 +189,7 @@ def _hull_vertices(X: np.ndarray) -> int:
 @check(
     "sae.wide_limit",
     "A wide L1 SAE (d_sae ≥ N) reaches the wide-limit (Huber) bound with ray atoms and the Huber-median bias",
-    "theory.md §4.2–§4.4, §7",
+    "docs/theory.md §4.2–§4.4, §7",
     predicted=f"12 points in 2-D (one per ray at 30° steps, radii U[1, 2], λ = 0.3, learned bias), relu SAE with "
     f"d_sae = 24: objective (1) with the ENCODER codes within {WIDE_REL_TOL:.0%} of the Huber bound H(b*) (exact "
     f"codes of the learned decoder do no worse than the encoder's); every live atom has cosine > {WIDE_COS} with a "
@@ -278,7 +278,7 @@ def absorption_rows(ctx: CheckContext, widths: tuple[int, ...] = ABSORPTION_WIDT
 @check(
     "sae.absorption_vs_width",
     "Parent/child toy: absorption in trained relu SAEs against width",
-    "theory.md §5.2, §3 S4, §8 Q3",
+    "docs/theory.md §5.2, §3 S4, §8 Q3",
     predicted="Parent/child toy (λ = 0.1), relu SAEs of widths 2, 3, 4, 6: at width 3 absorption is non-zero — "
     "the parent latent is off on a larger share of child points than of parent-only points (encoder codes), or a "
     "child latent has decoder cosine > 0.1 with the parent latent. Other widths and the trend are measured.",
@@ -361,7 +361,7 @@ def amortisation_rows(ctx: CheckContext, archs: tuple[str, ...] = GAP_ARCHS, ste
 @check(
     "sae.amortisation_gap",
     "Amortisation gap of trained SAEs: exact codes never do worse than the encoder",
-    "theory.md §6 amortisation_gap, §7, §8 Q3",
+    "docs/theory.md §6 amortisation_gap, §7, §8 Q3",
     predicted=f"Independent-features toy (λ = 0.1), d_sae = 6, every arch (relu, topk k=2, batchtopk k=2, jumprelu, "
     f"abs via [W, −W]): O(W, Z_encoder, b) − O(W, Z_exact, b) ≥ {GAP_TOL:g} at λ = toy.lam, W = W_decᵀ, b = b_dec.",
     quick=False,  # every check that trains a model runs in the full suite; --quick is the theory suite

@@ -1,19 +1,19 @@
-"""VASAE on real activations (spec/vasae.md §2, §4, §5, §8; issue 7 item 5).
+"""VASAE on real activations (docs/vasae.md §2, §4, §5, §8; issue 7 item 5).
 
 The data and the training helper are :mod:`dictcheck.proofs_checks.real_protocol` (SmolLM2 layer 10,
 held-out evaluation rows, cached extraction). Three models, all with d_z = :data:`~dictcheck.proofs_checks.real_protocol.D_SAE`
 (far below the paper's d_z = n_vocab = 49152, to fit 2 CPU cores), k = :data:`K`, Adam at the
 authors' lr 1e-3 with the loop's warm-up/decay schedule and gradient clipping:
 
-* ``plain``: λ_anchor = 0 (spec §4: the plain SAE is VASAE with λ_anchor = 0);
+* ``plain``: λ_anchor = 0 (docs/vasae.md §4: the plain SAE is VASAE with λ_anchor = 0);
 * ``anchored``: λ_anchor = :data:`ANCHOR_COEF` (the paper's main value) in nearest mode with
   anchor_every = :data:`ANCHOR_EVERY` (the authors' Llama setting, chosen for cost: one anchor
-  evaluation is 2·d_z·V·D ≈ 29 GFLOP here; spec §3);
+  evaluation is 2·d_z·V·D ≈ 29 GFLOP here; docs/vasae.md §3);
 * ``hard``: the hard-tied baseline on the :data:`~dictcheck.proofs_checks.real_protocol.D_SAE` most frequent training tokens (the
   spec's labelled extension ``vocab_subset="top_frequency"``, option ``vocab_ids``), since
   d_z < n_vocab.
 
-Metrics on the held-out rows: ``ve`` (ecosystem §2) and the alignment of spec/vasae.md §5 against
+Metrics on the held-out rows: ``ve`` (docs/ecosystem.md §2) and the alignment of docs/vasae.md §5 against
 SmolLM2's frozen input embedding (all features and alive features separately).
 """
 
@@ -85,7 +85,7 @@ def _training() -> dict[str, Any]:
 @check(
     "vasae.recon_parity",
     "VASAE reconstructs as well as the plain TopK SAE at the same k",
-    "vasae.md §4, §7 (VE flat in λ_anchor); issue 7",
+    "docs/vasae.md §4, §7 (VE flat in λ_anchor); issue 7",
     predicted=f"SmolLM2 layer {LAYER}, d_z = {D_SAE}, k = {K}: |VE(VASAE λ_anchor = {ANCHOR_COEF:g}) − VE(plain)| ≤ "
     f"{PARITY_TOL} on held-out tokens.",
     quick=False,
@@ -106,7 +106,7 @@ def vasae_recon_parity(ctx: CheckContext) -> Outcome:
 @check(
     "vasae.hard_tied_worse",
     "The hard-tied baseline (decoder = W_E, frozen) reconstructs clearly worse",
-    "vasae.md §4; issue 7",
+    "docs/vasae.md §4; issue 7",
     predicted=f"VE(hard-tied, decoder = the {D_SAE} most frequent tokens' embeddings) ≤ VE(plain) − {HARD_MARGIN} on "
     "held-out tokens.",
     quick=False,
@@ -128,7 +128,7 @@ def vasae_hard_tied_worse(ctx: CheckContext) -> Outcome:
 @check(
     "vasae.alignment",
     "Anchoring raises the alignment of ALIVE features (reported next to the all-feature rate)",
-    "vasae.md §5, §8; issue 7",
+    "docs/vasae.md §5, §8; issue 7",
     predicted="alignment_rate_alive(VASAE) > alignment_rate_alive(plain) (s_d ≥ 0.8 against SmolLM2's input "
     "embedding, alive = fires on a held-out token); alignment_rate_all is reported for both.",
     quick=False,
@@ -145,7 +145,7 @@ def vasae_alignment(ctx: CheckContext) -> Outcome:
                   "s_mean_alive": {"plain": plain["s_mean_alive"], "vasae": anchored["s_mean_alive"]},
                   "s_mean_dead": {"plain": plain["s_mean_dead"], "vasae": anchored["s_mean_dead"]}},
         tolerance="strictly greater", tolerance_reason="An ordering of two rates (the claim must hold on alive "
-        "features, spec §8); no tolerance.",
+        "features, docs/vasae.md §8); no tolerance.",
         passed=passed,
         finding=None if passed else (
             f"alive-feature alignment is not raised: VASAE {rate_v} vs plain {rate_p} (all features: VASAE "
@@ -153,6 +153,6 @@ def vasae_alignment(ctx: CheckContext) -> Outcome:
             f"{_anchor_steps()} of {STEPS} steps (anchor_every = {ANCHOR_EVERY}, for cost): the mean s of dead "
             f"columns moved {plain['s_mean_dead']:.3f} → {anchored['s_mean_dead']:.3f} and of alive columns "
             f"{plain['s_mean_alive']:.3f} → {anchored['s_mean_alive']:.3f}, so the anchor pulls dead columns first "
-            "(spec §8), but this run is too short to say whether it would ever align alive ones."),
+            "(docs/vasae.md §8), but this run is too short to say whether it would ever align alive ones."),
         details={"plain": plain, "vasae": anchored, "training": _training()},
     )

@@ -1,4 +1,4 @@
-"""Checks of the wide-limit theory (spec/theory.md §2 and §4)."""
+"""Checks of the wide-limit theory (docs/theory.md §2 and §4)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dictcheck.theory.wide_limit import wide_optimum_at_bias
 @check(
     "wide.q_reformulation",
     "min over W of form (2) equals J(Q, b) of program (3)",
-    "theory.md §2.2 (3)",
+    "docs/theory.md §2.2 (3)",
     predicted="For random X, Z ≥ 0, b, λ: min_W F(W, Z, b) = J(ZᵀZ, b); the ridge W* equals an "
     "independent least-squares solve; R = λX̃(Q+λI)⁻¹ and W* = RZᵀ/λ; ∇_Q J = G/N.",
 )
@@ -91,7 +91,7 @@ def _global_optimum_cases(ctx: CheckContext) -> list[tuple[str, np.ndarray, floa
 @check(
     "wide.global_optimum",
     "DNN relaxation of (3) = Huber closed form (7), certified by G = λ11ᵀ − RᵀR/λ",
-    "theory.md §2.3, §4.2, §4.3",
+    "docs/theory.md §2.3, §4.2, §4.3",
     predicted="For every data set (N = 5…9, shared rays included): DNN value = (1/N)Σh_λ(‖x_i − b‖) at b or at "
     "the Huber median; Q* = diag((ρ−λ)₊) for generic data; DNN b = Huber median; max‖r_i‖/λ ≤ 1 and G ≥ 0 "
     "at the DNN solution; the closed-form dictionary's certified gap is 0.",
@@ -141,7 +141,7 @@ def global_optimum(ctx: CheckContext) -> Outcome:
 @check(
     "wide.ray_clustering",
     "Ray clustering gives the narrowest optimal dictionary; merging two rays raises the loss",
-    "theory.md §4.4",
+    "docs/theory.md §4.4",
     predicted="Reference (D): at b = 0 three rays attain the optimum 0.670278 exactly in objective (1); with "
     "learned b (0.089407, 0.017366) eight rays. Any two rays forced to share an atom leave the loss above the optimum.",
 )
@@ -195,7 +195,7 @@ def ray_clustering(ctx: CheckContext) -> Outcome:
 @check(
     "wide.huber_vs_geometric_median",
     "Huber median = geometric median iff no point lies within λ of it",
-    "theory.md §4.3",
+    "docs/theory.md §4.3",
     predicted="Spread data, λ below every distance to the geometric median: the two coincide. Crowded data (C3, "
     "λ = 0.8): Huber median (0.241520, 0.284281), mean 1.855247; geometric median (0.070623, 0.071584), mean "
     "distance 1.427347; Huber objective at the geometric median 1.898639 > 1.855247.",

@@ -4,7 +4,7 @@
                           [--context C] [--batch-size B] [--shard-tokens S] [--seed S] [--json]
 
 Runs the model offline on the shipped text corpus and writes h^(L), the output of decoder layer L
-(spec/ecosystem.md §5, spec/vasae.md §1), as float32 shards plus ``manifest.json`` to DIR; see
+(docs/ecosystem.md §5, docs/vasae.md §1), as float32 shards plus ``manifest.json`` to DIR; see
 ``empirics.activation_store`` for the windows (position 0 of each window is dropped). A killed run
 resumes when rerun with the same arguments; a finished one is just reopened. ``dictcheck train
 --data DIR`` trains on the result.

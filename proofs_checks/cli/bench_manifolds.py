@@ -20,7 +20,7 @@ from dictcheck.proofs_checks.errors import UserError
 def _print_tables(result: dict[str, Any]) -> None:
     kinds = list(result["recovery"][0]["per_type_best"])
     head = f"{'model':<16}{'n_b':>5}{'q':>3}{'k':>5}{'best R²':>9}" + "".join(f"{t:>9}" for t in kinds) + f"{'Hungarian':>11}"
-    print("Recovery R² on the evaluation split (best single block per manifold; spec/bsf.md §6)")
+    print("Recovery R² on the evaluation split (best single block per manifold; docs/bsf.md §6)")
     print(head)
     for r in result["recovery"]:
         k = "-" if r["k"] is None else str(r["k"])

@@ -3,7 +3,7 @@
     dictcheck eval-lm DIR_SAE --layer L [--model smollm2|tinycoder|PATH] [--tokens T] [--context C]
                       [--batch-size B] [--seed S] [--names N] [--json]
 
-Metrics (spec/vasae.md §5, spec/ecosystem.md §2; :mod:`empirics.lm_metrics`): ``ve``, ``fvu``,
+Metrics (docs/vasae.md §5, docs/ecosystem.md §2; :mod:`empirics.lm_metrics`): ``ve``, ``fvu``,
 ``mse_per_element``, ``l0``, ``dead_frac`` on the layer's activations; ``ce_clean``, ``ce_sae``,
 ``ce_zero``, ``ce_recovered`` (zero ablation), ``ce_recovered_batch_mean``, ``delta_ce``, ``kl``,
 ``kl_score``; and, for SAEs with a decoder ``W_dec``, the vocabulary alignment against the model's

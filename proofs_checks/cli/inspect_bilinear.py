@@ -1,4 +1,4 @@
-"""``dictcheck inspect-bilinear``: the geometry readout of a saved bilinear autoencoder (spec/bilinear.md §6).
+"""``dictcheck inspect-bilinear``: the geometry readout of a saved bilinear autoencoder (docs/bilinear.md §6).
 
     dictcheck inspect-bilinear DIR [--latent I] [--top K] [--json] [--figure PATH --data X.npy]
 

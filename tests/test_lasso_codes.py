@@ -57,8 +57,32 @@ def _cvxpy_codes(W, X, b, lam, *, with_accuracy=False):
             continue
         if prob.status == "optimal" or (k > 0 and prob.status == "optimal_inaccurate"):
             Zc = np.maximum(Z.value, 0.0)
+            if k == 0:
+                Zc = np.stack([_polished(W, Xc[:, i], lam, Zc[:, i]) for i in range(N)], axis=1)
             return (Zc, k == 0) if with_accuracy else Zc
     raise AssertionError("cvxpy/Clarabel reference failed")
+
+
+def _polished(W, x, lam, z):
+    """Clarabel's code made exact: starting from its support S, solve z_S = (W_Sᵀ W_S)⁻¹(W_Sᵀ x̃ − λ1) and drop
+    the most negative entry until z_S > 0; kept when the result is a KKT point (w_dᵀr ≤ λ off S), otherwise
+    Clarabel's code as it is. An interior-point code at gap 1e-12 can still be ~1e-6 off (the excess
+    objective is quadratic in the code error; seed 16085928: 2.6e-6 at an excess of 3e-12, with a fifth
+    atom at 2e-6 in its support), while the polished one is exact to rounding."""
+    S = z > 1e-7 * max(1.0, z.max())
+    zs = np.zeros(0)
+    while S.any():
+        if np.linalg.matrix_rank(W[:, S]) < S.sum():
+            return z
+        zs = np.linalg.solve(W[:, S].T @ W[:, S], W[:, S].T @ x - lam)
+        if zs.min() > 0:
+            break
+        S[np.flatnonzero(S)[np.argmin(zs)]] = False
+    out = np.zeros_like(z)
+    out[S] = zs
+    g = W.T @ (x - W @ out) - lam
+    scale = lam * (1.0 + np.linalg.norm(W, axis=0))
+    return out if np.all(g[~S] <= 1e-9 * scale[~S]) else z
 
 
 def _unique_and_well_conditioned(W, z, x_centred, lam, floor=1e-2) -> bool:

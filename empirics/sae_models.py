@@ -417,13 +417,6 @@ def make_sae(
         sae.normalise_decoder_()
         sae.W_enc.copy_(sae.W_dec.detach().T)
         sae.b_enc.zero_()
-        if b_dec_init is not None:
-            b = torch.as_tensor(b_dec_init)
-            if tuple(b.shape) != (d_in,):
-                raise ValueError(f"b_dec_init has shape {list(b.shape)}, expected [{d_in}]")
-            if not bool(torch.isfinite(b).all()):
-                raise ValueError("b_dec_init has non-finite values")
-            sae.b_dec.copy_(b.to(dtype))
-        else:
-            sae.b_dec.zero_()
+        sae.b_dec.zero_()
+    sae.set_centring_(b_dec_init)
     return sae

@@ -92,8 +92,9 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
     """Read a saprmarks/dictionary_learning folder (``ae.pt`` + ``config.json``).
 
     Supported ``trainer.dict_class``: AutoEncoder (-> relu; its decoder bias is named ``bias``),
-    AutoEncoderTopK (-> topk), BatchTopKSAE (-> batchtopk; the scalar inference ``threshold`` is
-    kept in ``metadata.dictcheck.batchtopk.threshold``) and JumpReluAutoEncoder (-> jumprelu, whose
+    AutoEncoderTopK (-> topk), BatchTopKSAE (-> batchtopk; the scalar inference ``threshold`` becomes the
+    JumpReLU ``threshold`` tensor SAELens saves, and is kept in ``metadata.dictcheck.batchtopk.threshold``)
+    and JumpReluAutoEncoder (-> jumprelu, whose
     tensors already use our names). encoder.weight [dict, act] -> W_enc = transpose;
     decoder.weight [act, dict] -> W_dec = transpose. ``ae.pt`` is read with ``weights_only=True``.
     """
@@ -132,8 +133,10 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
             "W_dec": dec.T,
             "b_dec": get("bias") if arch == "relu" else get("b_dec"),
         }
-        if arch == "batchtopk" and "threshold" in sd:
-            arch_fields["threshold"] = float(sd["threshold"])
+        if arch == "batchtopk":  # saved as SAELens saves it: the scalar θ repeated as a JumpReLU threshold
+            theta = float(sd["threshold"]) if "threshold" in sd else 0.0
+            arch_fields["threshold"] = theta if "threshold" in sd else None
+            w["threshold"] = torch.full((enc.shape[0],), max(theta, 0.0), dtype=enc.dtype)
     d_in, d_sae = int(w["W_enc"].shape[0]), int(w["W_enc"].shape[-1])
     for key, val in (("activation_dim", d_in), ("dict_size", d_sae)):
         if key in trainer and trainer[key] != val:

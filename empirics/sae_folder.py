@@ -84,12 +84,32 @@ def schema_of(cfg: SaeConfig, *, source: str = CFG_FILE) -> Schema:
         raise SaeFormatError(f"{source}: architecture {arch.name!r} {exc}") from None
 
 
+#: Top-level cfg.json fields of SAELens versions before 6 that say where an SAE came from, not what it
+#: computes (accepted and kept as they are).
+PROVENANCE_FIELDS = frozenset({
+    "hook_layer", "dataset_path", "dataset_trust_remote_code", "sae_lens_training_version", "neuronpedia_id",
+    "model_from_pretrained_kwargs", "seqpos_slice", "model_class_name", "exclude_special_tokens",
+})
+#: Fields of older SAELens versions that change what the SAE computes, with the only value dictcheck
+#: implements (any other value is refused).
+_FIXED_FIELDS: dict[str, Any] = {"activation_fn_str": "relu", "activation_fn_kwargs": {}, "finetuning_scaling_factor": False}
+
+
 def validate_config(cfg: SaeConfig, *, source: str = CFG_FILE) -> None:
     """The architecture's rules on top of the field checks: a known architecture, ``k`` where SAELens
-    keeps it, and the fields its weight schema needs (SaeFormatError, one line)."""
+    keeps it, the fields its weight schema needs, and no top-level field that could change what the SAE
+    computes unless dictcheck implements it (SaeFormatError, one line; nothing is ignored silently)."""
     arch = _architecture_of(cfg, source)
     if arch.k_in_cfg and cfg.k is None:
         raise SaeFormatError(f"{source}: architecture {cfg.architecture!r} requires field 'k'")
+    for name, value in cfg.extra_fields.items():
+        if name in PROVENANCE_FIELDS or name in arch.cfg_fields:
+            continue
+        if name in _FIXED_FIELDS and value == _FIXED_FIELDS[name] and arch.family == "sae":
+            continue
+        raise SaeFormatError(f"{source}: field {name!r} = {value!r} is not implemented by dictcheck for architecture "
+                             f"{cfg.architecture!r}; refusing rather than ignoring it (it may change what the SAE "
+                             "computes)")
     schema_of(cfg, source=source)
 
 

@@ -87,7 +87,11 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-_NORMALIZE = frozenset({"none", "expected_average_only_in", "constant_norm_rescale", "layer_norm"})
+_NORMALIZE = frozenset({"none", "expected_average_only_in", "constant_norm_rescale", "layer_norm",
+                        "covariance_whitening"})
+#: Top-level cfg.json fields SaeConfig models itself.
+_MODELLED = frozenset({"d_in", "d_sae", "architecture", "dtype", "device", "apply_b_dec_to_input",
+                       "normalize_activations", "reshape_activations", "k", "metadata"})
 _RESHAPE = frozenset({"none", "hook_z"})
 _STANDARD_METADATA = ("model_name", "hook_name", "hook_head_index", "context_size", "prepend_bos")
 
@@ -138,9 +142,11 @@ class SaeConfig:
     reshape_activations: str = "none"
     k: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    extra_fields: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.metadata = _canonical_json(dict(self.metadata), "metadata")
+        self.extra_fields = _canonical_json(dict(self.extra_fields), "extra fields")
 
     # ------------------------------------------------------------------ accessors
     @property
@@ -168,11 +174,14 @@ class SaeConfig:
         }
         if self.k is not None:
             d["k"] = self.k
+        d.update(copy.deepcopy(self.extra_fields))
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, source: str = CFG_FILE) -> SaeConfig:
-        """Parse a ``cfg.json`` dict. Unknown top-level fields are ignored (as SAELens does).
+        """Parse a ``cfg.json`` dict. Top-level fields this class does not model are kept in
+        ``extra_fields`` (never dropped): whether they change what the SAE computes is the architecture's
+        call (:func:`dictcheck.empirics.sae_folder.validate_config`).
 
         Standard metadata keys found at top level (SAELens < 6 layout) are moved into
         ``metadata`` when ``metadata`` lacks them.
@@ -209,6 +218,7 @@ class SaeConfig:
             kwargs.pop("normalize_activations", None)
         if kwargs.get("reshape_activations") is None:
             kwargs.pop("reshape_activations", None)
+        kwargs["extra_fields"] = {k: v for k, v in d.items() if k not in _MODELLED and k not in _STANDARD_METADATA}
         try:
             cfg = cls(**kwargs)
         except SaeFormatError as exc:

@@ -70,6 +70,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from dictcheck.empirics.activation_normalisation import ActivationNormalisation
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
 
@@ -117,6 +118,10 @@ class SparseAutoencoder(Featurizer):
         self.jumprelu_bandwidth = float(jumprelu_bandwidth)
         self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
         self.batchtopk_momentum = float(batchtopk_momentum)
+        #: SAELens' run-time input normalisation and TopK decoder-norm rescaling of a loaded folder (neither
+        #: for models dictcheck trains).
+        self.input_normalisation = ActivationNormalisation()
+        self.rescale_acts_by_decoder_norm = False
         self.W_enc = torch.nn.Parameter(torch.zeros(d_in, d_sae, dtype=dtype))
         self.b_enc = torch.nn.Parameter(torch.zeros(d_sae, dtype=dtype))
         self.W_dec = torch.nn.Parameter(torch.zeros(d_sae, d_in, dtype=dtype))
@@ -155,6 +160,8 @@ class SparseAutoencoder(Featurizer):
             return torch.relu(a), a
         if self.arch == "topk":
             k = min(self.k, self.d_sae)
+            if self.rescale_acts_by_decoder_norm:  # SAELens: select on a_d·‖w_d‖ (computed in the model dtype)
+                a = a * self.W_dec.norm(dim=-1)
             vals, idx = torch.topk(a, k, dim=-1)
             z = torch.zeros_like(a).scatter(-1, idx, torch.relu(vals))
             return z, a
@@ -173,21 +180,34 @@ class SparseAutoencoder(Featurizer):
         raise AssertionError(self.arch)  # pragma: no cover
 
     def encode(self, x: Tensor) -> Tensor:
-        """Codes z, shape (B, d_sae). batchtopk in training mode selects over the whole batch."""
-        return self._encode(_as_2d(x, self.d_in))[0]
+        """Codes z of raw tokens x, shape (B, d_sae): the input normalisation (SAELens'
+        ``normalize_activations``; none for models dictcheck trains) first. batchtopk in training mode
+        selects over the whole batch."""
+        return self._encode(self.input_normalisation.apply(_as_2d(x, self.d_in))[0])[0]
+
+    def unit_codes(self, z: Tensor) -> Tensor:
+        """The codes of the unit atoms ŵ_d = w_d/‖w_d‖ that give the same reconstruction: z_d·‖w_d‖, or z
+        itself with ``rescale_acts_by_decoder_norm`` (objective (1) is stated for unit atoms, docs/theory.md
+        §1, §2.1)."""
+        return z if self.rescale_acts_by_decoder_norm else z * self.W_dec.norm(dim=1)
 
     def decode(self, z: Tensor) -> Tensor:
-        """x̂ = z @ W_dec + b_dec."""
+        """x̂ = z @ W_dec + b_dec (z·(1/‖w_d‖) first with ``rescale_acts_by_decoder_norm``, as SAELens), in the
+        SAE's input space (before any inverse normalisation)."""
         if z.shape[-1] != self.d_sae:
             raise ValueError(f"codes have last dimension {z.shape[-1]}, expected d_sae = {self.d_sae}")
+        if self.rescale_acts_by_decoder_norm:
+            z = z * (1 / self.W_dec.norm(dim=-1))
         return z @ self.W_dec + self.b_dec
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:
         x = _as_2d(x, self.d_in)
         B = x.shape[0]
-        z, a = self._encode(x)
-        x_hat = self.decode(z)
+        x_in, state = self.input_normalisation.apply(x)
+        z, a = self._encode(x_in)
+        x_hat_in = self.decode(z)
+        x_hat = self.input_normalisation.invert(x_hat_in, state)
         resid = x - x_hat
         mse = resid.pow(2).sum() / B
         zero = mse.new_zeros(())
@@ -202,7 +222,7 @@ class SparseAutoencoder(Featurizer):
             if self.arch == "batchtopk" and self.training:
                 self._update_batchtopk_threshold(z)
             if self.aux_coef > 0 and dead_mask is not None:
-                aux = self.auxk_loss(x, x_hat, a, dead_mask)
+                aux = self.auxk_loss(x_in, x_hat_in, a, dead_mask)
         l0 = (z != 0).sum(dim=-1).to(x.dtype).mean()
         return FeaturizerOutput(
             x_hat=x_hat, codes=z, loss=mse + sparsity + aux, mse=mse, sparsity_loss=sparsity, aux_loss=aux, l0=l0
@@ -282,15 +302,20 @@ class SparseAutoencoder(Featurizer):
             "W_dec": (self.d_sae, self.d_in),
             "b_dec": (self.d_in,),
         }
-        if self.arch == "jumprelu":
+        if self.arch in ("jumprelu", "batchtopk"):
             shapes["threshold"] = (self.d_sae,)
         return shapes
 
     def state_weights(self) -> dict[str, Tensor]:
-        """SAELens-named detached copies: W_enc, b_enc, W_dec, b_dec (+ ``threshold`` for jumprelu)."""
+        """SAELens-named detached copies: W_enc, b_enc, W_dec, b_dec (+ ``threshold`` for jumprelu, and for
+        batchtopk its inference θ repeated d_sae times: SAELens saves a BatchTopK SAE as a JumpReLU with that
+        threshold, which computes z = ReLU(a)·1[a > θ], the same as the eval-mode rule here; an unestimated
+        θ < 0 is saved as 0)."""
         out = {n: getattr(self, n).detach().clone() for n in SAELENS_WEIGHT_NAMES}
         if self.arch == "jumprelu":
             out["threshold"] = self.log_threshold.detach().exp().clone()
+        if self.arch == "batchtopk":
+            out["threshold"] = self.batchtopk_threshold.detach().clamp_min(0.0).expand(self.d_sae).clone()
         return out
 
     @torch.no_grad()
@@ -313,6 +338,11 @@ class SparseAutoencoder(Featurizer):
             if not bool((th > 0).all()):
                 raise ValueError("tensor 'threshold' must be strictly positive (parameterised as log_threshold)")
             self.log_threshold.copy_(th.log())
+        if self.arch == "batchtopk":
+            th = torch.as_tensor(weights["threshold"])
+            if not bool((th == th.reshape(-1)[0]).all()) or float(th.reshape(-1)[0]) < 0:
+                raise ValueError("tensor 'threshold' of a batchtopk SAE must repeat one value >= 0 (its inference θ)")
+            self.batchtopk_threshold.fill_(float(th.reshape(-1)[0]))
 
     def arch_fields(self) -> dict[str, float | int | None]:
         """Architecture fields for ``metadata.dictcheck.<arch>`` (batchtopk: the inference θ, or None)."""
@@ -323,9 +353,11 @@ class SparseAutoencoder(Featurizer):
 
     @torch.no_grad()
     def load_arch_fields(self, fields: dict) -> None:
-        """Inverse of :meth:`arch_fields` (unknown keys are ignored)."""
-        if self.arch == "batchtopk" and fields.get("threshold") is not None:
-            self.batchtopk_threshold.fill_(float(fields["threshold"]))
+        """Inverse of :meth:`arch_fields` (unknown keys are ignored). A batchtopk θ recorded as None (never
+        estimated; the saved threshold tensor then holds 0) restores the batch rule."""
+        if self.arch == "batchtopk" and "threshold" in fields:
+            th = fields["threshold"]
+            self.batchtopk_threshold.fill_(-1.0 if th is None else float(th))
 
     def extra_repr(self) -> str:
         return f"arch={self.arch!r}, d_in={self.d_in}, d_sae={self.d_sae}, k={self.k}, lam={self.lam}, aux_coef={self.aux_coef}"

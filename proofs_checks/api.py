@@ -143,7 +143,7 @@ def exact_codes(W: ArrayLike, X: ArrayLike, lam: float, *, bias: ArrayLike | Non
 
 
 def check_dictionary(W: ArrayLike, X: ArrayLike, lam: float, *, bias: ArrayLike | None = None,
-                     learn_bias: bool = False, tol: float = 1e-8, hull_candidates: bool = True,
+                     learn_bias: bool = False, tol: float = 1e-8, hull_candidates: bool = False,
                      progress: bool = False) -> dict[str, Any]:
     """Which local optimality conditions the dictionary W (D, d_z; one atom per column, normalised on load)
     satisfies on data X (N, D) at λ, with exact codes (docs/theory.md §3, §6): the report of

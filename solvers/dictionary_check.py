@@ -20,8 +20,10 @@ from dictcheck.solvers.hull_distance import HullCandidateDistances, hull_candida
 from dictcheck.solvers.lasso_codes import ExactCodes, exact_codes
 from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import NewAtomSearchResult, best_new_atom
+from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics
 from dictcheck.theory.certificate import certified_gap
-from dictcheck.theory.diagnostics import DictionaryDiagnostics, dictionary_diagnostics, residuals
+from dictcheck.theory.diagnostics import DictionaryDiagnostics, residuals
+from dictcheck.theory.objective import centred
 
 #: Atoms whose norm differs from 1 by more than this are reported as renormalised.
 UNIT_NORM_RTOL = 1e-12
@@ -85,13 +87,16 @@ class DictionaryCheck:
 
 def check_dictionary(
     W: NDArray, X: NDArray, lam: float, *, b: ArrayLike | None = None, learn: bool = False,
-    tol: float = 1e-8, hull_candidates: bool = True, progress: bool = False,
+    tol: float = 1e-8, hull_candidates: bool = False, progress: bool = False, device: str = "cpu",
 ) -> DictionaryCheck:
-    """Diagnose dictionary W (D, d_z) on data X (D, N) at λ (spec §6).
+    """Diagnose dictionary W (D, d_z) on data X (D, N) at λ (docs/theory.md §6).
 
     Columns of W are normalised first (their norms are reported). The bias is ``b`` if given, the
-    optimal bias for W if ``learn``, else zero. Raises ValueError on a zero atom or bad shapes.
-    ``progress`` shows a progress bar over the batches of the exact-code solve.
+    optimal bias for W if ``learn``, else zero. Codes are kept sparse and the diagnostics are streamed
+    over batches of points (:func:`dictcheck.solvers.stream_diagnostics.stream_diagnostics`), so memory
+    is O(nnz + D·d_z) beyond X itself. ``hull_candidates`` adds the four hull distances of §8 Q1 (one
+    QP per atom; dense codes). Raises ValueError on a zero atom or bad shapes. ``progress`` shows a
+    progress bar over the batches of the exact-code solve.
     """
     start = time.perf_counter()
     W = np.asarray(W, dtype=np.float64)
@@ -113,12 +118,15 @@ def check_dictionary(
         bias = np.zeros(X.shape[0]) if b is None else np.asarray(b, dtype=np.float64).reshape(-1)
         if bias.size != X.shape[0]:
             raise ValueError(f"bias has {bias.size} entries but the data have D = {X.shape[0]}")
-        codes = exact_codes(W_unit, X, bias, lam, tol=tol, progress=progress)
+        codes = exact_codes(W_unit, X, bias, lam, tol=tol, progress=progress, sparse_output=True)
         mode = "given" if b is not None else "zero"
-    diag = dictionary_diagnostics(W_unit, codes.Z, bias, X, lam, learned_bias=learn)
-    R = residuals(W_unit, codes.Z, bias, X)
+    sparse = SparseCodes.from_matrix(codes.Z)
+    R = centred(X, bias) - sparse.decode(W_unit)
     search = best_new_atom(R, lam, W_unit)
-    hull = hull_candidate_distances(W_unit, codes.Z, bias, X, lam) if hull_candidates else None
+    diag = stream_diagnostics(W_unit, sparse, bias, column_batches(X, batch_size_for(W.shape[1], X.shape[1])), lam,
+                              learned_bias=learn, device=device).diagnostics
+    hull = (hull_candidate_distances(W_unit, sparse.to_dense(), bias, X, lam, tau_act=diag.tau_act)
+            if hull_candidates else None)
     optimum = huber_median(X, lam).objective
     gap = certified_gap(diag.objective, bias, X, lam, learned_bias=learn)
     return DictionaryCheck(

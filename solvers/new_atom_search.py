@@ -8,11 +8,15 @@ Decision (spec §3 S6):
 1. Starts: the antipodes −ŵ_d of the non-zero atoms (when W is given), the normalised residuals
    r_i/‖r_i‖ of the ``n_residual_starts`` points with the largest ‖r_i‖, and ± the top
    ``n_eigen`` eigenvectors of RRᵀ.
-2. Each start is improved by up to ``n_steps`` fixed-point steps u ← normalise(Σ_i (uᵀr_i − λ)₊ r_i).
+2. The ``n_refine`` starts with the largest gain (all of them when there are fewer; ties by the order
+   above) are improved by up to ``n_steps`` fixed-point steps u ← normalise(Σ_i (uᵀr_i − λ)₊ r_i).
    The step maximises the linearisation ∇gain(u)ᵀv over the unit sphere; because gain is convex,
    gain(u_new) ≥ gain(u) + ∇gain(u)ᵀ(u_new − u) ≥ gain(u), so the gain never decreases. A fixed
    point satisfies S1 for the new atom with codes (uᵀr_i − λ)₊.
 3. The best gain over all starts and iterates is reported, as a sum and divided by N.
+
+The starts and their refinement can use a sample of the points (:func:`search_starts`); the gain of the
+refined atoms over all points is then a sum the caller streams (check-sae does), still a lower bound.
 
 Deterministic: no random numbers; ties in the residual-norm ranking are broken by index (stable
 sort), and eigenvectors are used with both signs.
@@ -43,34 +47,55 @@ class NewAtomSearchResult:
     start_gains: tuple[tuple[str, float], ...]
 
 
-def _gain_sum(u: NDArray, R: NDArray, lam: float) -> float:
-    return float(np.sum(new_atom_codes(u, R, lam) ** 2))
+def _gains_and_steps(U: NDArray, R: NDArray, lam: float, chunk: int) -> tuple[NDArray, NDArray]:
+    """gain(u) = Σ_i (uᵀr_i − λ)₊² and the ascent direction Σ_i (uᵀr_i − λ)₊ r_i for every column u of U,
+    over the points in chunks of ``chunk`` (memory S·chunk)."""
+    gains = np.zeros(U.shape[1])
+    V = np.zeros_like(U)
+    for lo in range(0, R.shape[1], chunk):
+        Rc = R[:, lo:lo + chunk]
+        T = np.maximum(U.T @ Rc - lam, 0.0)
+        gains += np.sum(T * T, axis=1)
+        V += Rc @ T.T
+    return gains, V
+
+
+def refine_atoms(U0: ArrayLike, R: NDArray, lam: float, n_steps: int = 25, tol: float = 1e-12,
+                 chunk: int = 65536) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Fixed-point ascent u ← normalise(Σ_i (uᵀr_i − λ)₊ r_i) from every unit column of U0, all at once
+    (docs/theory.md §3 S6). Returns the best iterate of each start (D, S) and its gain (sum).
+
+    A start stops when no point lies beyond λ along it (gain 0, the step is undefined) or when a step
+    moves it by less than ``tol``; the gain never decreases along the ascent (module docstring)."""
+    R = np.asarray(R, dtype=np.float64)
+    U = np.asarray(U0, dtype=np.float64).copy()
+    U /= np.linalg.norm(U, axis=0)
+    best_U, best = U.copy(), np.zeros(U.shape[1])
+    running = np.ones(U.shape[1], dtype=bool)
+    for step in range(n_steps + 1):
+        idx = np.flatnonzero(running)
+        if idx.size == 0:
+            break
+        g, V = _gains_and_steps(U[:, idx], R, lam, chunk)
+        better = g > best[idx] if step else np.ones(idx.size, dtype=bool)
+        best[idx[better]] = g[better]
+        best_U[:, idx[better]] = U[:, idx[better]]
+        if step == n_steps:
+            break
+        nv = np.linalg.norm(V, axis=0)
+        moving = nv > 0
+        U_new = V[:, moving] / nv[moving]
+        moved = np.linalg.norm(U_new - U[:, idx[moving]], axis=0)
+        U[:, idx[moving]] = U_new
+        running[idx[~moving]] = False
+        running[idx[moving][moved <= tol]] = False
+    return best_U, best
 
 
 def refine_atom(u: ArrayLike, R: NDArray, lam: float, n_steps: int = 25, tol: float = 1e-12) -> tuple[NDArray[np.float64], float]:
-    """Fixed-point ascent u ← normalise(Σ_i (uᵀr_i − λ)₊ r_i) from a unit u (spec §3 S6).
-
-    Returns the best iterate and its gain (sum). Stops early when no point lies beyond λ along u
-    (gain 0, the step is undefined) or when the step moves u by less than ``tol``.
-    """
-    R = np.asarray(R, dtype=np.float64)
-    u = np.asarray(u, dtype=np.float64)
-    u = u / np.linalg.norm(u)
-    best_u, best = u, _gain_sum(u, R, lam)
-    for _ in range(n_steps):
-        t = new_atom_codes(u, R, lam)
-        v = R @ t
-        nv = np.linalg.norm(v)
-        if nv == 0.0:
-            break
-        u_new = v / nv
-        g = _gain_sum(u_new, R, lam)
-        if g > best:
-            best_u, best = u_new, g
-        if np.linalg.norm(u_new - u) <= tol:
-            break
-        u = u_new
-    return best_u, best
+    """:func:`refine_atoms` for one start u: the best iterate and its gain (sum)."""
+    U, g = refine_atoms(np.asarray(u, dtype=np.float64).reshape(-1, 1), R, lam, n_steps=n_steps, tol=tol)
+    return U[:, 0], float(g[0])
 
 
 def _top_eigenvectors(R: NDArray, k: int) -> NDArray[np.float64]:
@@ -90,7 +115,7 @@ def _top_eigenvectors(R: NDArray, k: int) -> NDArray[np.float64]:
     return vecs[:, order[keep]]
 
 
-def best_new_atom(
+def search_starts(
     R: NDArray,
     lam: float,
     W: NDArray | None = None,
@@ -98,16 +123,12 @@ def best_new_atom(
     n_residual_starts: int = 8,
     n_eigen: int = 3,
     n_steps: int = 25,
-) -> NewAtomSearchResult:
-    """Search for the new unit atom with the largest gain (a lower bound on the maximum; spec §3 S6).
-
-    R (D, N) residuals, λ of objective (1), W (D, d_z) the current unit atoms (optional; their
-    antipodes are starts, zero columns are skipped). With max_i ‖r_i‖ > λ the residual starts alone
-    guarantee gain ≥ (max_i ‖r_i‖ − λ)², so ``gain_mean > 0`` exactly when the §2.3 certificate fails
-    (and 0 when it holds).
-    """
+    n_refine: int = 32,
+) -> tuple[list[str], NDArray[np.float64], NDArray[np.float64]]:
+    """The starts of the module docstring on residuals R (D, N), the ``n_refine`` best of them refined:
+    (labels, unit atoms (D, S) after refinement where refined, their gains on R (sums))."""
     R = np.asarray(R, dtype=np.float64)
-    D, N = R.shape
+    D = R.shape[0]
     starts: list[tuple[str, NDArray]] = []
     if W is not None:
         W = np.asarray(W, dtype=np.float64)
@@ -123,20 +144,46 @@ def best_new_atom(
     for k in range(E.shape[1]):
         starts.append((f"+eig[{k}]", E[:, k]))
         starts.append((f"-eig[{k}]", -E[:, k]))
+    if not starts:
+        return [], np.zeros((D, 0)), np.zeros(0)
+    U = np.stack([u0 for _, u0 in starts], axis=1)
+    gains, _ = _gains_and_steps(U, R, lam, 65536)
+    chosen = np.argsort(-gains, kind="stable")[: max(n_refine, 1)]
+    U[:, chosen], gains[chosen] = refine_atoms(U[:, chosen], R, lam, n_steps=n_steps)
+    return [label for label, _ in starts], U, gains
 
-    best_label, best_u, best = "none", np.zeros(D), 0.0
-    record: list[tuple[str, float]] = []
-    for label, u0 in starts:
-        u, g = refine_atom(u0, R, lam, n_steps=n_steps)
-        record.append((label, g / max(N, 1)))
-        if g > best:
-            best_label, best_u, best = label, u, g
-    if best == 0.0 and starts:
-        best_label, best_u = starts[0][0], starts[0][1] / np.linalg.norm(starts[0][1])
-    return NewAtomSearchResult(
-        u=best_u,
-        gain_sum=best,
-        gain_mean=best / max(N, 1),
-        start=best_label,
-        start_gains=tuple(record),
-    )
+
+def best_new_atom(
+    R: NDArray,
+    lam: float,
+    W: NDArray | None = None,
+    *,
+    n_residual_starts: int = 8,
+    n_eigen: int = 3,
+    n_steps: int = 25,
+    n_refine: int = 32,
+) -> NewAtomSearchResult:
+    """Search for the new unit atom with the largest gain (a lower bound on the maximum; spec §3 S6).
+
+    R (D, N) residuals, λ of objective (1), W (D, d_z) the current unit atoms (optional; their
+    antipodes are starts, zero columns are skipped). With max_i ‖r_i‖ > λ the residual starts alone
+    guarantee gain ≥ (max_i ‖r_i‖ − λ)², so ``gain_mean > 0`` exactly when the §2.3 certificate fails
+    (and 0 when it holds).
+    """
+    labels, U, gains = search_starts(R, lam, W, n_residual_starts=n_residual_starts, n_eigen=n_eigen,
+                                     n_steps=n_steps, n_refine=n_refine)
+    return best_of_candidates(labels, U, gains, np.shape(R)[1])
+
+
+def best_of_candidates(labels: list[str], U: NDArray, gains_sum: NDArray, n_points: int) -> NewAtomSearchResult:
+    """The result for candidate atoms U (D, S) with gains (sums over ``n_points`` points)."""
+    D = U.shape[0]
+    record = tuple((label, float(g) / max(n_points, 1)) for label, g in zip(labels, gains_sum))
+    if not labels:
+        return NewAtomSearchResult(u=np.zeros(D), gain_sum=0.0, gain_mean=0.0, start="none", start_gains=())
+    k = int(np.argmax(gains_sum))
+    if gains_sum[k] > 0:
+        return NewAtomSearchResult(u=U[:, k], gain_sum=float(gains_sum[k]), gain_mean=float(gains_sum[k]) / max(n_points, 1),
+                                   start=labels[k], start_gains=record)
+    return NewAtomSearchResult(u=U[:, 0] / np.linalg.norm(U[:, 0]), gain_sum=0.0, gain_mean=0.0, start=labels[0],
+                               start_gains=record)

@@ -98,7 +98,7 @@ def saved(tmp_path: Path):
 def test_architecture_strings_follow_spec_table():
     assert saved_architecture("relu") == "standard"
     assert saved_architecture("topk") == "topk"
-    assert saved_architecture("batchtopk") == "batchtopk"
+    assert saved_architecture("batchtopk") == "jumprelu"  # as SAELens saves it, with its θ as threshold
     assert saved_architecture("jumprelu") == "jumprelu"
     assert saved_architecture("vasae") == "topk"
     assert saved_architecture("abs") == "dictcheck/abs"
@@ -188,15 +188,25 @@ def test_optional_files_round_trip(tmp_path: Path):
     assert load_sparsity(other) is None and load_metrics(other) is None
 
 
-def test_unknown_top_level_fields_ignored_and_not_required(tmp_path: Path):
+def test_unknown_top_level_fields_are_refused_provenance_kept_and_not_required(tmp_path: Path):
     cfg = make_cfg("topk")
     save_sae(tmp_path, make_weights(cfg), cfg)
     raw = json.loads((tmp_path / CFG_FILE).read_text())
-    raw["some_future_field"] = {"x": 1}
-    raw["hook_layer"] = 5
+    raw["hook_layer"] = 5  # provenance of older SAELens files: kept, changes nothing
     (tmp_path / CFG_FILE).write_text(json.dumps(raw))
     _, cfg2 = load_sae(tmp_path)
-    assert cfg2 == cfg
+    assert cfg2.extra_fields == {"hook_layer": 5} and cfg2.to_dict()["hook_layer"] == 5
+    raw["some_future_field"] = {"x": 1}  # could change what the SAE computes: refused, never ignored
+    (tmp_path / CFG_FILE).write_text(json.dumps(raw))
+    with pytest.raises(SaeFormatError) as exc:
+        load_sae(tmp_path)
+    assert_one_line(exc, "'some_future_field'", "refusing")
+    for field, value in (("activation_fn_str", "topk"), ("finetuning_scaling_factor", True)):
+        raw = {"d_in": D, "d_sae": Z, "architecture": "standard", field: value}
+        (tmp_path / CFG_FILE).write_text(json.dumps(raw))
+        safetensors.torch.save_file(make_weights(make_cfg("relu")), tmp_path / WEIGHTS_FILE)
+        with pytest.raises(SaeFormatError, match=field):
+            load_sae(tmp_path)
     # a minimal SAELens cfg (only required fields, no metadata.dictcheck) loads too
     minimal = {"d_in": D, "d_sae": Z, "architecture": "standard"}
     (tmp_path / CFG_FILE).write_text(json.dumps(minimal))
@@ -512,10 +522,10 @@ def _reference_encode_decode(w, cfg: SaeConfig, x: torch.Tensor):
     pre = x_in @ w["W_enc"] + w["b_enc"]
     if arch_of(cfg) == "relu":
         z = torch.relu(pre)
-    elif arch_of(cfg) in ("topk", "batchtopk"):
+    elif arch_of(cfg) == "topk":
         vals, idx = torch.relu(pre).topk(cfg.k, dim=-1)
         z = torch.zeros_like(pre).scatter(-1, idx, vals)
-    elif arch_of(cfg) == "jumprelu":
+    elif arch_of(cfg) in ("jumprelu", "batchtopk"):  # batchtopk is saved as SAELens saves it: a JumpReLU
         z = torch.relu(pre) * (pre > w["threshold"])
     else:  # pragma: no cover
         raise AssertionError(arch_of(cfg))
@@ -529,13 +539,10 @@ def test_saelens_round_trip(tmp_path: Path, arch: str):
     w = make_weights(cfg)
     if arch == "jumprelu":
         w["threshold"] = w["threshold"].abs()
+    if arch == "batchtopk":
+        w["threshold"] = torch.full_like(w["threshold"], 0.25)
     save_sae(tmp_path, w, cfg)
-    try:
-        sae = sae_lens.SAE.load_from_disk(str(tmp_path), device="cpu")
-    except Exception as exc:  # batchtopk loadability is [open] in the spec
-        if arch == "batchtopk":
-            pytest.xfail(f"sae_lens cannot load architecture 'batchtopk': {exc}")
-        raise
+    sae = sae_lens.SAE.load_from_disk(str(tmp_path), device="cpu")
     x = torch.randn(5, D, generator=torch.Generator().manual_seed(3))
     z_ref, xhat_ref = _reference_encode_decode(w, cfg, x)
     with torch.no_grad():

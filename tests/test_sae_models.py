@@ -308,7 +308,7 @@ def test_state_weights_round_trip(arch):
         src.b_enc.normal_(generator=torch.Generator().manual_seed(0))
         src.b_dec.normal_(generator=torch.Generator().manual_seed(1))
     w = src.state_weights()
-    names = {"W_enc", "b_enc", "W_dec", "b_dec"} | ({"threshold"} if arch == "jumprelu" else set())
+    names = {"W_enc", "b_enc", "W_dec", "b_dec"} | ({"threshold"} if arch in ("jumprelu", "batchtopk") else set())
     assert set(w) == names
     assert all(not t.requires_grad for t in w.values())
     if arch == "jumprelu":

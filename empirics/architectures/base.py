@@ -114,6 +114,9 @@ class Architecture:
     apply_b_dec_to_input: ClassVar[bool] = True
     #: A folder saved as ``saved_name`` without ``metadata.dictcheck.arch`` (SAELens' own) is this arch.
     reads_foreign: ClassVar[bool] = False
+    #: Top-level cfg.json fields beyond SaeConfig's that this architecture implements (e.g. SAELens'
+    #: ``rescale_acts_by_decoder_norm`` for TopK); any other is refused when a folder is read.
+    cfg_fields: ClassVar[frozenset[str]] = frozenset()
 
     # ------------------------------------------------------------------ options
     def default_lr(self, d_sae: int) -> float:
@@ -189,15 +192,19 @@ class Architecture:
         """The model a checked folder holds: built with :meth:`folder_options`, weights and non-weight
         fields (``metadata.dictcheck.<fields_key>``) loaded. ValueError for weights the model refuses."""
         model = self.build(cfg.d_in, cfg.d_sae, self.folder_options(cfg), dtype=cfg.torch_dtype)
-        self.apply_cfg_fields(model, cfg)
         model.load_state_weights(dict(weights))
         fields = cfg.dictcheck.get(self.fields_key)
         if isinstance(fields, dict) and fields:
             model.load_arch_fields(fields)
+        self.apply_cfg_fields(model, cfg)
         return model
 
     def apply_cfg_fields(self, model: Featurizer, cfg: SaeConfig) -> None:
-        """Set what the folder's SAELens fields say about the model's computation (default: nothing)."""
+        """Make the loaded model compute what the folder's SAELens fields say (after its weights are
+        loaded). Default: only ``normalize_activations = none`` is implemented (ValueError otherwise)."""
+        if cfg.normalize_activations != "none":
+            raise ValueError(f"field 'normalize_activations' = {cfg.normalize_activations!r} is not implemented for "
+                             f"architecture {self.name!r}")
 
     def __repr__(self) -> str:
         return f"<architecture {self.name!r} ({self.family})>"

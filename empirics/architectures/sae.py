@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from dictcheck.empirics.activation_normalisation import ActivationNormalisation
 from dictcheck.empirics.architectures.base import (
     ArchOptions,
     Architecture,
@@ -138,8 +139,12 @@ class LinearSAE(Architecture):
             raise ValueError(f"cannot rebuild {self.name}: {exc}") from None
 
     def apply_cfg_fields(self, model: Featurizer, cfg: SaeConfig) -> None:
-        """``apply_b_dec_to_input`` as the folder says (SAELens folders may set it False)."""
+        """SAELens semantics of a folder: ``apply_b_dec_to_input`` (x − b_dec enters the encoder, or x) and
+        ``normalize_activations`` (:class:`dictcheck.empirics.activation_normalisation.ActivationNormalisation`).
+        ``reshape_activations = hook_z`` only flattens heads (the data are given flattened, (N, d_in)) and
+        ``hook_head_index`` only says which activations the SAE reads: neither changes the math."""
         model.apply_b_dec_to_input = bool(cfg.apply_b_dec_to_input)
+        model.input_normalisation = ActivationNormalisation(cfg.normalize_activations)
 
 
 @register
@@ -160,7 +165,17 @@ class TopK(LinearSAE):
     saved_name = "topk"
     reads_foreign = True
     k_in_cfg = True
+    cfg_fields = frozenset({"rescale_acts_by_decoder_norm"})
     Options = TopKOptions
+
+    def apply_cfg_fields(self, model: Featurizer, cfg: SaeConfig) -> None:
+        """Also SAELens' ``rescale_acts_by_decoder_norm``: TopK selects on a_d·‖w_d‖ and decodes with
+        z_d·(1/‖w_d‖), computed as SAELens computes it (so bfloat16 folders round the same way)."""
+        super().apply_cfg_fields(model, cfg)
+        rescale = cfg.extra_fields.get("rescale_acts_by_decoder_norm", False)
+        if not isinstance(rescale, bool):
+            raise ValueError(f"field 'rescale_acts_by_decoder_norm' must be true or false, got {rescale!r}")
+        model.rescale_acts_by_decoder_norm = rescale
 
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         if getattr(options, "aux_coef", 0.0) > 0:
@@ -173,8 +188,14 @@ class BatchTopK(TopK):
     """The k·B largest activations of the batch in training, a running threshold at inference."""
 
     name = "batchtopk"
-    saved_name = "batchtopk"
+    #: SAELens saves a BatchTopK SAE for inference as a JumpReLU with its θ as threshold (docs/ecosystem.md §1).
+    saved_name = "jumprelu"
+    reads_foreign = False
+    cfg_fields = frozenset()
     Options = BatchTopKOptions
+
+    def weight_schema(self, d_in: int, d_sae: int, fields: Mapping[str, Any]) -> Schema:
+        return {**linear_schema(d_in, d_sae), "threshold": ((d_sae,), True)}
 
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         return ("batchtopk keeps the top k·B/P activations of each rank's B/P tokens (not the top k·B of the "

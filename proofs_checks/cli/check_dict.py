@@ -77,7 +77,7 @@ def check_dict(args: argparse.Namespace) -> int:
         if bias.size != X.shape[1]:
             raise UserError(f"bias file {args.bias} has {bias.size} entries but the data have D = {X.shape[1]}")
     result = check_dictionary(W, X.T, lam, b=bias, learn=args.learn_bias, tol=args.tol,
-                              hull_candidates=not args.no_hull, progress=sys.stderr.isatty())
+                              hull_candidates=args.hull, progress=sys.stderr.isatty())
     s = summary(result)
     if args.json:
         print(json.dumps(s))
@@ -96,6 +96,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     bias.add_argument("--bias", metavar="b.npy", help="fixed decoder bias (D,)")
     bias.add_argument("--learn-bias", action="store_true", help="use the bias that is optimal for this dictionary")
     p.add_argument("--tol", type=float, default=1e-8, help="relative KKT tolerance of the exact codes (default 1e-8)")
-    p.add_argument("--no-hull", action="store_true", help="skip the distance-to-hull QPs (faster on large data)")
+    p.add_argument("--hull", action="store_true", help="also the distances to the four hull candidates of "
+                   "docs/theory.md §8 Q1 (one QP per atom; slow on large data)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(handler=check_dict)

@@ -59,6 +59,7 @@ __all__ = [
     "mse",
     "mse_per_element",
     "reconstruction_metrics",
+    "StreamingMetrics",
     "rel_recon_bias",
     "unit_atom_objective",
     "ve",
@@ -366,6 +367,84 @@ def reconstruction_metrics(
         out["dead_frac"] = dl.dead_frac
         out["n_eval_tokens"] = dl.n_eval_tokens
     return out
+
+
+class StreamingMetrics:
+    """:func:`reconstruction_metrics` over an evaluation set seen one batch at a time (tokens as rows), with
+    the same definitions, Decisions and errors. ``x_mean`` is x̄, the per-dimension mean over the whole set
+    (``ve_legacy_per_token`` needs it per token, so it is computed in a cheap pass beforehand); the
+    residual's mean for ``fve_dl`` is merged across batches (Chan et al.'s pairwise update)."""
+
+    def __init__(self, x_mean: Any, d_sae: int | None = None, *, tol: float = 0.0) -> None:
+        self.x_mean = _as_f64(x_mean, "x_mean").reshape(-1)
+        self.tol = float(tol)
+        self.n = 0
+        self.sums = dict.fromkeys(("sq_err", "tv", "x_sq", "xh_sq", "xh_x", "legacy", "cos", "ratio", "nnz"), 0.0)
+        self.counts = dict.fromkeys(("legacy", "nonzero"), 0)
+        self.r_mean = np.zeros_like(self.x_mean)
+        self.r_m2 = 0.0
+        self.fired = None if d_sae is None else np.zeros(int(d_sae), dtype=bool)
+
+    def update(self, x: Any, x_hat: Any, codes: Any = None) -> None:
+        xa, xh = _pair(x, x_hat)
+        r = xa - xh
+        num = np.sum(r * r, axis=1)
+        xc = xa - self.x_mean
+        den = np.sum(xc * xc, axis=1)
+        nx, nh = np.linalg.norm(xa, axis=1), np.linalg.norm(xh, axis=1)
+        dots = np.sum(xa * xh, axis=1)
+        keep = nx > 0
+        cos = np.where(nx * nh > 0, dots / np.where(nx * nh > 0, nx * nh, 1.0), 0.0)
+        s = self.sums
+        s["sq_err"] += float(num.sum())
+        s["tv"] += float(den.sum())
+        s["x_sq"] += float(np.sum(xa * xa))
+        s["xh_sq"] += float(np.sum(xh * xh))
+        s["xh_x"] += float(dots.sum())
+        s["legacy"] += float(np.sum(1.0 - num[den > 0] / den[den > 0]))
+        s["cos"] += float(np.sum(np.clip(cos[keep], -1.0, 1.0)))
+        s["ratio"] += float(np.sum(nh[keep] / nx[keep]))
+        self.counts["legacy"] += int(np.sum(den > 0))
+        self.counts["nonzero"] += int(keep.sum())
+        n_b = xa.shape[0]
+        mean_b = r.mean(axis=0)
+        delta = mean_b - self.r_mean
+        total = self.n + n_b
+        self.r_m2 += float(np.sum((r - mean_b) ** 2)) + float(delta @ delta) * self.n * n_b / total
+        self.r_mean = self.r_mean + delta * (n_b / total)
+        self.n = total
+        if codes is not None:
+            active = np.abs(_codes(codes)) > self.tol
+            if active.shape[0] != n_b:
+                raise ValueError(f"codes has {active.shape[0]} rows but x has N = {n_b} tokens")
+            s["nnz"] += float(active.sum())
+            self.fired = active.any(axis=0) if self.fired is None else self.fired | active.any(axis=0)
+
+    def result(self) -> dict[str, float]:
+        """The metrics of every token seen (ValueError in the undefined cases of the module docstring)."""
+        if self.n == 0:
+            raise ValueError("no tokens were seen")
+        s, n, D = self.sums, self.n, self.x_mean.size
+        if s["tv"] <= _ZERO_VAR_REL * s["x_sq"]:
+            raise ValueError("x has zero variance over the evaluation set (Σ_t ‖x_t − x̄‖² = 0): fvu / ve / fve_dl / "
+                             "ve_legacy_per_token are undefined")
+        if self.counts["nonzero"] == 0:
+            raise ValueError("every x_t is zero: cossim is undefined")
+        if s["xh_sq"] == 0.0:
+            raise ValueError("x_hat is identically zero: rel_recon_bias (E‖x̂‖²/E[x̂ᵀx]) is undefined")
+        out: dict[str, float] = {"mse": s["sq_err"] / n, "mse_per_element": s["sq_err"] / (n * D),
+                                 "fvu": s["sq_err"] / s["tv"]}
+        out["ve"] = 1.0 - out["fvu"]
+        out["ve_legacy_per_token"] = s["legacy"] / self.counts["legacy"]
+        out["fve_dl"] = 1.0 - self.r_m2 / s["tv"]
+        out["cossim"] = s["cos"] / self.counts["nonzero"]
+        out["l2_ratio"] = s["ratio"] / self.counts["nonzero"]
+        out["rel_recon_bias"] = float("inf") if s["xh_x"] == 0.0 else s["xh_sq"] / s["xh_x"]
+        if self.fired is not None:
+            out["l0"] = s["nnz"] / n
+            out["dead_frac"] = float(np.mean(~self.fired))
+            out["n_eval_tokens"] = n
+        return out
 
 
 # --------------------------------------------------------------------------------------------------

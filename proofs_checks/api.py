@@ -24,7 +24,7 @@ from dictcheck.empirics.training import TrainConfig, TrainResult
 from dictcheck.empirics.training import train as train_model
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.proofs_checks.runner import run_suite, select_checks
-from dictcheck.proofs_checks.sae_report import sae_report
+from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
 from dictcheck.solvers.dictionary_check import check_dictionary as run_dictionary_check
 from dictcheck.solvers.dnn import solve_dnn
 from dictcheck.solvers.lasso_codes import exact_codes as solve_exact_codes
@@ -157,10 +157,15 @@ def check_dictionary(W: ArrayLike, X: ArrayLike, lam: float, *, bias: ArrayLike 
     return summary(result)
 
 
-def check_sae(folder: str | os.PathLike[str], X: ArrayLike, lam: float, *, progress: bool = False) -> dict[str, Any]:
-    """A trained SAE folder (SAELens layout) against the theory on data X (N, D): the report of
-    ``dictcheck check-sae --json`` (docs/theory.md §3, §6, §7)."""
-    return sae_report(str(folder), rows(X), _lam(lam), progress=progress)
+def check_sae(folder: str | os.PathLike[str], X: ArrayLike | str | os.PathLike[str], lam: float | str | None = None,
+              **settings: Any) -> dict[str, Any]:
+    """A trained SAE folder (SAELens, sparsify or dictionary_learning) against the theory on tokens X: an
+    (N, D) array, an ``.npy`` path or an activation store folder. The report of ``dictcheck check-sae --json``
+    (docs/theory.md §3, §6, §7). ``lam``: a number, ``"auto"``, or None (the folder's λ, else auto);
+    ``settings``: the fields of :class:`dictcheck.proofs_checks.sae_report.SaeCheckSettings` (``polish=True``,
+    ``hull=True``, ``batch_size``, ...)."""
+    data = rows(X) if not isinstance(X, (str, os.PathLike)) else X
+    return sae_report(str(folder), data, SaeCheckSettings(lam=lam if lam in (None, "auto") else _lam(lam), **settings))
 
 
 def load_sae(folder: str | os.PathLike[str]) -> tuple[Featurizer, SaeConfig]:

@@ -40,7 +40,7 @@ def summary(result: DictionaryCheck) -> dict[str, Any]:
         "bias_mode": result.bias_mode,
         "bias_residual_mean_norm": d.bias_residual_mean_norm,
         "atoms_renormalised": result.renormalised,
-        "codes_kkt_violation": result.codes.kkt_violation,
+        "codes_kkt_violation": result.codes_kkt_violation,
         "tau_act": d.tau_act,
         "n_atoms": d.n_atoms,
         "n_points": d.n_points,

@@ -76,7 +76,7 @@ class DictionaryCheck:
     renormalised: bool
     b: NDArray[np.float64]
     bias_mode: str
-    codes: ExactCodes
+    codes_kkt_violation: float
     diagnostics: DictionaryDiagnostics
     best_new_atom: NewAtomSearchResult
     hull: HullCandidateDistances | None
@@ -131,6 +131,6 @@ def check_dictionary(
     gap = certified_gap(diag.objective, bias, X, lam, learned_bias=learn)
     return DictionaryCheck(
         W=W_unit, column_norms=norms, renormalised=bool(np.any(np.abs(norms - 1) > UNIT_NORM_RTOL)), b=bias,
-        bias_mode=mode, codes=codes, diagnostics=diag, best_new_atom=search, hull=hull,
+        bias_mode=mode, codes_kkt_violation=codes.kkt_violation, diagnostics=diag, best_new_atom=search, hull=hull,
         wide_gap=diag.objective - optimum, certified_gap=gap.certified_gap, seconds=time.perf_counter() - start,
     )

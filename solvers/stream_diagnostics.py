@@ -116,6 +116,14 @@ class SparseCodes:
     def to_dense(self) -> NDArray[np.float64]:
         return self.dense(0, self.n_points)
 
+    def decode_points(self, W: NDArray, points: NDArray) -> NDArray[np.float64]:
+        """W Z for the given sorted point indices, (D, len(points))."""
+        points = np.asarray(points, dtype=np.int64)
+        keep = np.isin(self.points, points)
+        rows = np.searchsorted(points, self.points[keep])
+        Zs = sp.csr_array((self.values[keep], (rows, self.atoms[keep])), shape=(points.size, self.n_atoms))
+        return np.asarray((Zs @ np.asarray(W, dtype=np.float64).T).T)
+
     def decode(self, W: NDArray, start: int = 0, stop: int | None = None) -> NDArray[np.float64]:
         """W Z for points start … stop − 1, (D, stop − start), without forming the dense codes."""
         stop = self.n_points if stop is None else stop

@@ -1,7 +1,9 @@
-"""`dictcheck check-sae`: an SAE folder in the SAELens layout checked against the theory."""
+"""`dictcheck check-sae`: an SAE folder (SAELens, sparsify, dictionary_learning) checked against the theory:
+λ from the folder, auto or given; polishing to the nearest stationary point; streaming; bad input."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -9,13 +11,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 
+from dictcheck.empirics.activation_store import FORMAT, MANIFEST
 from dictcheck.empirics.sae_folder import new_sae_config, save_sae
 from dictcheck.empirics.sae_models import make_sae
 from dictcheck.empirics.toy_data import make_toy
 from dictcheck.proofs_checks.cli import main
+from dictcheck.solvers.lam_search import lam_for_l0
+from dictcheck.solvers.lasso_codes import exact_codes
+from dictcheck.solvers.polish import polish_dictionary
 from dictcheck.solvers.reference_learner import fit_reference
+from dictcheck.theory.diagnostics import dictionary_diagnostics
 
 
 def _save(tmp: Path, arch: str, W_dec: np.ndarray, b_dec: np.ndarray, lam: float, k: int | None = None) -> Path:
@@ -81,3 +89,154 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, toy_and_fit) -> None:
         proc = subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", "check-sae", *argv], capture_output=True, text=True)
         assert proc.returncode == 2, (argv, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------------- λ, polish, formats
+def _run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(["check-sae", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_lambda_from_the_folder_auto_and_given(tmp_path: Path, toy_and_fit, capsys) -> None:
+    toy, fit = toy_and_fit
+    np.save(tmp_path / "X.npy", toy.X.T)
+    data = ["--data", str(tmp_path / "X.npy")]
+    relu = _save(tmp_path, "relu", fit.W.T.copy(), fit.b, toy.lam)
+    out = _run_json([str(relu), *data], capsys)
+    assert out["lam"] == toy.lam and out["lam_source"] == "folder" and out["stationary"] is True
+    # a SAELens standard folder: λ = l1_coefficient / 2 (SAELens' loss is mean_t ‖x − x̂‖² + c Σ z_d ‖w_d‖)
+    cfg = json.loads((relu / "cfg.json").read_text())
+    del cfg["metadata"]["dictcheck"]
+    cfg["metadata"]["training_architecture_details"] = {"l1_coefficient": 2 * toy.lam, "lp_norm": 1.0}
+    (relu / "cfg.json").write_text(json.dumps(cfg))
+    out = _run_json([str(relu), *data], capsys)
+    assert out["lam"] == pytest.approx(toy.lam, rel=1e-15) and out["lam_source"] == "folder"
+    assert "l1_coefficient" in out["lam_details"]["note"]
+    out = _run_json([str(relu), *data, "--lam", "0.3"], capsys)
+    assert out["lam"] == 0.3 and out["lam_source"] == "given"
+    cfg["metadata"]["training_architecture_details"] = {"l1_coefficient": 0.2, "lp_norm": 2.0}
+    (relu / "cfg.json").write_text(json.dumps(cfg))
+    assert main(["check-sae", str(relu), *data]) == 2  # an l2 penalty is not objective (1): λ is not guessed
+    assert "give --lam" in capsys.readouterr().err
+    # TopK: no λ comes with it; auto finds the λ whose exact codes are as sparse as the SAE's
+    topk = _save(tmp_path, "topk", fit.W.T.copy(), fit.b, toy.lam, k=2)
+    out = _run_json([str(topk), *data], capsys)
+    assert out["lam_source"] == "auto" and out["lam_details"]["target_l0"] == pytest.approx(out["l0_sae"])
+    assert abs(out["l0_exact"] - out["l0_sae"]) <= 0.05 * out["l0_sae"]
+
+
+def test_lam_for_l0_finds_a_known_sparsity() -> None:
+    rng = np.random.default_rng(4)
+    W = rng.normal(size=(6, 14))
+    W /= np.linalg.norm(W, axis=0)
+    X = rng.normal(size=(6, 120)) * 2
+    b = rng.normal(size=6) * 0.1
+    for lam0 in (0.05, 1.1):
+        target = exact_codes(W, X, b, lam0).mean_support
+        found = lam_for_l0(W, X, b, target)
+        assert found.l0 == pytest.approx(target, abs=1 / 120)  # L0 is piecewise constant in λ: hit it or adjacent
+        assert exact_codes(W, X, b, found.lam).mean_support == pytest.approx(found.l0)
+    with pytest.raises(ValueError, match="target L0"):
+        lam_for_l0(W, X, b, 15.0)
+
+
+def test_polish_keeps_a_stationary_point_and_returns_a_perturbed_one(toy_and_fit) -> None:
+    toy, fit = toy_and_fit
+    W = fit.W[:, fit.live]
+    same = polish_dictionary(W, fit.b, toy.X, toy.lam)
+    assert same.converged and same.iterations <= 2
+    assert abs(same.objective_after - fit.objective) <= 1e-12 * fit.objective
+    assert np.min(np.sum(W * same.W, axis=0)) >= 1 - 1e-12
+    rng = np.random.default_rng(1)
+    moved = polish_dictionary(W + 0.05 * rng.normal(size=W.shape), fit.b + 0.05, toy.X, toy.lam)
+    assert moved.converged and moved.objective_before > fit.objective * (1 + 1e-3)
+    assert moved.objective_after == pytest.approx(fit.objective, rel=1e-10)
+    assert np.min(np.sum(W * moved.W, axis=0)) >= 1 - 1e-9
+    d = dictionary_diagnostics(moved.W, moved.codes.to_dense(), moved.b, toy.X, toy.lam, learned_bias=True)
+    assert d.stationary
+
+
+def test_polish_report_and_json_contract(tmp_path: Path, toy_and_fit, capsys) -> None:
+    toy, fit = toy_and_fit
+    np.save(tmp_path / "X.npy", toy.X.T)
+    rng = np.random.default_rng(2)
+    W_dec = fit.W.T + 0.05 * rng.normal(size=fit.W.T.shape)
+    folder = _save(tmp_path, "relu", W_dec, fit.b, toy.lam)
+    out = _run_json([str(folder), "--data", str(tmp_path / "X.npy"), "--polish"], capsys)
+    for key in ("lam", "lam_source", "l0_sae", "l0_exact", "verdict", "timings_s", "amortisation_gap"):
+        assert key in out, key
+    p = out["polish"]
+    assert {"objective_before", "objective_after", "atom_cosines", "stationary"} <= set(p)
+    assert p["stationary"] is True and p["objective_after"] < p["objective_before"]
+    assert len(p["atom_cosines"]) == 3 and min(p["atom_cosines"]) > 0.99
+    assert out["stationary"] is False and out["verdict"].startswith("This relu SAE")
+    assert main(["check-sae", str(folder), "--data", str(tmp_path / "X.npy"), "--polish"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("This relu SAE") and "How to read the violations" in text and "polish (" in text
+
+
+def test_batches_do_not_change_the_report(tmp_path: Path, toy_and_fit, capsys) -> None:
+    toy, fit = toy_and_fit
+    np.save(tmp_path / "X.npy", toy.X.T)
+    folder = _save(tmp_path, "relu", fit.W.T.copy() + 0.01, fit.b, toy.lam)
+    one = _run_json([str(folder), "--data", str(tmp_path / "X.npy")], capsys)
+    many = _run_json([str(folder), "--data", str(tmp_path / "X.npy"), "--batch-size", "7"], capsys)
+    for key in ("objective", "kkt_violation", "stationarity_violation", "hull_violation", "amortisation_gap",
+                "best_new_atom_gain", "wide_gap"):
+        assert many[key] == pytest.approx(one[key], rel=1e-9, abs=1e-12), key
+    assert many["nested_pairs"] == one["nested_pairs"] and many["metrics"] == pytest.approx(one["metrics"])
+
+
+def test_other_formats_and_an_activation_store(tmp_path: Path, toy_and_fit, capsys) -> None:
+    toy, fit = toy_and_fit
+    X = toy.X.T.astype(np.float32)
+    np.save(tmp_path / "X.npy", X)
+    W_dec = torch.as_tensor(fit.W.T.copy(), dtype=torch.float32)
+    sparsify = tmp_path / "sparsify"
+    sparsify.mkdir()
+    safetensors.torch.save_file({"encoder.weight": W_dec.clone(), "encoder.bias": torch.zeros(3), "W_dec": W_dec,
+                                 "b_dec": torch.as_tensor(fit.b, dtype=torch.float32)}, sparsify / "sae.safetensors")
+    (sparsify / "cfg.json").write_text(json.dumps({"num_latents": 3, "k": 2, "d_in": 3}))
+    out = _run_json([str(sparsify), "--data", str(tmp_path / "X.npy"), "--lam", str(toy.lam)], capsys)
+    assert out["format"] == "sparsify" and out["arch"] == "topk"
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    torch.save({"encoder.weight": W_dec.clone(), "encoder.bias": torch.zeros(3), "decoder.weight": W_dec.T.clone(),
+                "bias": torch.as_tensor(fit.b, dtype=torch.float32)}, dl / "ae.pt")
+    (dl / "config.json").write_text(json.dumps({"trainer": {"dict_class": "AutoEncoder"}}))
+    out = _run_json([str(dl), "--data", str(tmp_path / "X.npy"), "--lam", str(toy.lam)], capsys)
+    assert out["format"] == "dictionary_learning" and out["arch"] == "relu"
+    store = tmp_path / "store"
+    store.mkdir()
+    shards = []
+    for i, lo in enumerate(range(0, len(X), 64)):
+        np.save(store / f"shard_{i:05d}.npy", X[lo:lo + 64])
+        shards.append({"file": f"shard_{i:05d}.npy", "rows": int(len(X[lo:lo + 64])),
+                       "sha256": hashlib.sha256((store / f"shard_{i:05d}.npy").read_bytes()).hexdigest()})
+    (store / MANIFEST).write_text(json.dumps({"format": FORMAT, "d": 3, "shards": shards}))
+    from_store = _run_json([str(dl), "--data", str(store), "--lam", str(toy.lam)], capsys)
+    assert from_store["objective"] == pytest.approx(out["objective"], rel=1e-12) and from_store["n_tokens"] == len(X)
+
+
+@pytest.mark.parametrize("problem", ["nan_weights", "zscore", "empty_data", "wrong_d"])
+def test_more_bad_inputs_exit_2_with_one_line(tmp_path: Path, toy_and_fit, problem: str) -> None:
+    toy, fit = toy_and_fit
+    folder = _save(tmp_path, "relu", fit.W.T.copy(), fit.b, toy.lam)
+    data = tmp_path / "X.npy"
+    np.save(data, toy.X.T)
+    if problem == "nan_weights":
+        w = safetensors.torch.load_file(folder / "sae_weights.safetensors")
+        w["W_dec"][0, 0] = float("nan")
+        safetensors.torch.save_file(w, folder / "sae_weights.safetensors")
+    elif problem == "zscore":
+        cfg = json.loads((folder / "cfg.json").read_text())
+        cfg["normalize_activations"] = "zscore"
+        (folder / "cfg.json").write_text(json.dumps(cfg))
+    elif problem == "empty_data":
+        np.save(data, np.zeros((0, 3)))
+    else:
+        np.save(data, np.ones((4, 5)))
+    proc = subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", "check-sae", str(folder), "--data",
+                           str(data)], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

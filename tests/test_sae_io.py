@@ -13,7 +13,7 @@ import torch
 
 from dictcheck.empirics import sae_io
 from dictcheck.empirics.architectures import REGISTRY, architecture
-from dictcheck.empirics.foreign_saes import load_dictionary_learning, load_sparsify
+from dictcheck.empirics.sae_formats import load_dictionary_learning, load_sparsify
 from dictcheck.empirics.sae_folder import arch_fields_of, arch_of, load_sae, new_sae_config, save_sae
 from dictcheck.empirics.sae_folder import schema_of as expected_shapes
 from dictcheck.empirics.sae_io import (

@@ -18,7 +18,7 @@ import torch
 from dictcheck.empirics.training import TrainResult
 from dictcheck.proofs_checks.real_protocol import BATCH, D_SAE, LAYER, STEPS, RealData, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
-from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, antipodal_pairs, sae_report
+from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, antipodal_pairs, sae_report
 
 #: λ of objective (1) for relu/abs, in units of the data (Decision, fixed before any run): the
 #: standard deviation of a random unit projection of a centred token, median_t ‖x_t − x̄‖/√D.
@@ -127,7 +127,7 @@ def real_stationarity(ctx: CheckContext) -> Outcome:
     lam = real_lam(data)
     result = train_real(ctx.out_dir, ctx.seed, "relu", "relu", {"lam": lam})
     X = data.X_eval[:STATIONARITY_TOKENS].astype(np.float64)
-    report = sae_report(str(result.out_dir), X, lam)
+    report = sae_report(str(result.out_dir), X, SaeCheckSettings(lam=lam))
     tol = report["tolerances"]
     live = [a for a in report["atoms"] if not a["dead"]]
 

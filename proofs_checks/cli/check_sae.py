@@ -1,6 +1,10 @@
-"""``dictcheck check-sae DIR --data X.npy --lam L [--json]``: a trained SAE against the theory
-(:func:`dictcheck.proofs_checks.sae_report.sae_report`), printed as a table or JSON.
+"""``dictcheck check-sae DIR --data X.npy|STORE [--lam L|auto] [--polish] [--hull] [--json]``: a trained SAE
+against the theory (:func:`dictcheck.proofs_checks.sae_report.sae_report`), as a readable report or JSON.
 
+The human report opens with the verdict paragraph, then explains the scale of each violation, then lists
+the numbers; ``--json`` prints the whole report (keys: those of ``check-dict`` plus ``lam``, ``lam_source``,
+``l0_sae``, ``l0_exact``, ``amortisation_gap``, ``metrics``, ``polish`` with ``--polish``, ``timings_s``,
+``verdict``).
 """
 
 from __future__ import annotations
@@ -8,43 +12,116 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from dictcheck.empirics.sae_io import SaeFormatError
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
-from dictcheck.proofs_checks.cli.inputs import load_points, positive_lambda
 from dictcheck.proofs_checks.errors import UserError
-from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, sae_report
+from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, sae_report
+
+#: What each violation measures, for readers of the report (docs/theory.md §6).
+SCALES = (
+    "How to read the violations (all scale-free; 0 at a stationary point, tolerance 1e-6):",
+    "  KKT-z     max |ŵ_dᵀr_i/λ − 1| on active codes and (ŵ_dᵀr_i/λ − 1)₊ off them: 0.05 means a residual "
+    "correlates 5% of λ beyond what an optimum allows.",
+    "  S1        max ‖ŵ_d − Σ_i π_di r_i/λ‖: the distance between a unit atom and the activation-weighted mean of "
+    "its residuals in units of λ; 1 ≈ the atom is orthogonal to where its residuals point, 2 = opposite.",
+    "  hull (5)  max over atoms of the largest gap between its cosine vector and the weighted mean of its points' "
+    "φ_i (same units as KKT).",
+    "  antipode gain, new-atom gain: how much (1) would drop (mean per token) by adding −ŵ_d, or the best atom found.",
+)
+
+
+def _lam_arg(value: str) -> float | str:
+    if value == "auto":
+        return value
+    try:
+        lam = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number or 'auto', got {value!r}") from None
+    if not (lam > 0 and lam < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number or 'auto', got {value!r}")
+    return lam
+
+
+def _print_human(report: dict[str, Any], directory: str) -> None:
+    print(report["verdict"])
+    print()
+    print("\n".join(SCALES))
+    print()
+    print(f"SAE {directory} ({report['format']}): arch {report['arch']}, d_in {report['d_in']}, "
+          f"d_sae {report['d_sae']}, {report['n_tokens']} tokens from {report['data']}")
+    print(f"λ = {report['lam']:.6g} ({report['lam_source']}"
+          + (f"; {report['lam_details']['note']}" if report["lam_details"].get("note") else "") + ")")
+    for note in report["notes"]:
+        print(f"note: {note}")
+    print(f"mean L0: SAE {report['l0_sae']:.2f}, exact codes {report['l0_exact']:.2f}")
+    gap = report["amortisation_gap"]
+    print(f"amortisation gap: {'n/a (signed codes)' if gap is None else f'{gap:.4e}'}")
+    metrics = report["metrics"]
+    if "metrics_error" in metrics:
+        print(f"reconstruction metrics: {metrics['metrics_error']}")
+    else:
+        print(f"reconstruction: fvu {metrics['fvu']:.4f}  ve {metrics['ve']:.4f}  l0 {metrics['l0']:.2f}  "
+              f"dead_frac {metrics['dead_frac']:.3f}")
+    print(f"encoder latents firing on > 1/2 of tokens: {report['dense_latents'][:20] or 'none'}"
+          + (f" (+{len(report['dense_latents']) - 20} more)" if len(report["dense_latents"]) > 20 else ""))
+    pairs = report["antipodal_pairs"]
+    print(f"antipodal pairs (decoder cosine < {ANTIPODAL_COSINE}): {pairs[:20] or 'none'}"
+          + (f" (+{len(pairs) - 20} more)" if len(pairs) > 20 else ""))
+    polish = report.get("polish")
+    if polish:
+        print(f"polish ({polish['n_tokens']} tokens, {polish['sweeps']} sweeps, "
+              f"{'converged' if polish['converged'] else 'stopped at the sweep cap'}): objective "
+              f"{polish['objective_before']:.6g} → {polish['objective_after']:.6g} "
+              f"({polish['objective_change_pct']:+.3f}%), stationary: {polish['stationary']}; "
+              f"{len(polish['died'])} atoms died, {len(polish['born'])} were born; moved most: "
+              + ", ".join(f"{m['atom']} (cos {m['cosine']:.3f})" for m in polish["moved_most"][:5]))
+    print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report["timings_s"].items()))
+    print("\ndecoder with exact codes at b_dec:")
+    print_dictionary_report(report)
 
 
 def check_sae(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck check-sae``."""
-    lam = positive_lambda(args.lam)
-    X = load_points(args.data)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.polish_tokens < 1 or args.polish_iters < 1:
+        raise UserError("--polish-tokens and --polish-iters must be >= 1")
+    settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull, polish=args.polish,
+                                polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
+                                device=args.device, progress=sys.stderr.isatty() and not args.json)
+    quiet = args.json or sys.stderr.isatty()
     try:
-        report = sae_report(args.directory, X, lam, progress=sys.stderr.isatty() and not args.json)
+        report = sae_report(args.directory, args.data, settings,
+                            log=None if quiet else lambda msg: print(f"[check-sae] {msg}", file=sys.stderr, flush=True))
     except (SaeFormatError, ValueError) as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(str(exc).splitlines()[0]) from None
     if args.json:
         print(json.dumps(report))
-        return 0
-    print(f"SAE {args.directory}: arch {report['arch']}, d_in {report['d_in']}, d_sae {report['d_sae']}")
-    gap = report["amortisation_gap"]
-    print(f"amortisation gap: {'n/a (signed codes)' if gap is None else f'{gap:.4e}'}")
-    metrics = report["metrics"]
-    print(f"reconstruction: fvu {metrics['fvu']:.4f}  ve {metrics['ve']:.4f}  l0 {metrics['l0']:.2f}  "
-          f"dead_frac {metrics['dead_frac']:.3f}")
-    print(f"encoder latents firing on > 1/2 of points: {report['dense_latents'] or 'none'}")
-    print(f"antipodal pairs (decoder cosine < {ANTIPODAL_COSINE}): {report['antipodal_pairs'] or 'none'}")
-    print("\ndecoder with exact codes at b_dec:")
-    print_dictionary_report(report)
+    else:
+        _print_human(report, args.directory)
     return 0
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``dictcheck check-sae``."""
-    p = commands.add_parser("check-sae", help="check a trained SAE (SAELens layout) against the theory")
-    p.add_argument("directory", metavar="DIR", help="SAE folder: cfg.json + sae_weights.safetensors")
-    p.add_argument("--data", required=True, metavar="X.npy", help="data (N, D), one point per row")
-    p.add_argument("--lam", required=True, type=float, help="λ of objective (1) for the diagnostics")
+    p = commands.add_parser("check-sae", help="check a trained SAE (SAELens, sparsify or dictionary_learning folder) "
+                            "against the theory")
+    p.add_argument("directory", metavar="DIR", help="SAE folder: SAELens/dictcheck (cfg.json + "
+                   "sae_weights.safetensors), sparsify (cfg.json + sae.safetensors) or dictionary_learning "
+                   "(config.json + ae.pt)")
+    p.add_argument("--data", required=True, metavar="X.npy|DIR", help="tokens (N, D), one per row: an .npy file "
+                   "(memory-mapped) or a folder written by `dictcheck activations`")
+    p.add_argument("--lam", type=_lam_arg, metavar="L|auto", help="λ of objective (1); 'auto': the λ at which exact "
+                   "codes are as sparse as the SAE's; default: the folder's λ for L1 SAEs, else auto")
+    p.add_argument("--polish", action="store_true", help="also polish the decoder to the nearest stationary point "
+                   "and compare (on --polish-tokens evenly spaced tokens)")
+    p.add_argument("--polish-tokens", type=int, default=2048, metavar="N", help="tokens polishing uses (default 2048)")
+    p.add_argument("--polish-iters", type=int, default=300, metavar="S", help="sweep cap of polishing (default 300)")
+    p.add_argument("--hull", action="store_true", help="also the distances to the four hull candidates of "
+                   "docs/theory.md §8 Q1 (one QP per atom; slow at real sizes)")
+    p.add_argument("--batch-size", type=int, metavar="B", help="tokens per batch (default: sized for ~512 MB)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda for the streamed diagnostics and exact codes")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(handler=check_sae)

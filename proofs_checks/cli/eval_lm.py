@@ -31,7 +31,7 @@ import torch
 from dictcheck.empirics.activation_store import token_windows
 from dictcheck.empirics.lm_metrics import alignment_metrics, feature_names, splice_metrics
 from dictcheck.empirics.lm_models import load_lm
-from dictcheck.empirics.sae_folder import load_featurizer
+from dictcheck.empirics.sae_formats import load_any_sae
 from dictcheck.empirics.sae_io import SaeFormatError
 from dictcheck.proofs_checks.errors import UserError
 
@@ -54,7 +54,7 @@ def evaluate(sae_dir: str, layer: int, model: str = "smollm2", tokens: int = 204
     _positive("--batch-size", batch_size)
     _positive("--names", names, 0)
     try:
-        sae, cfg = load_featurizer(sae_dir)
+        sae, cfg, _ = load_any_sae(sae_dir)
     except (SaeFormatError, ValueError, OSError) as exc:
         raise UserError(str(exc).splitlines()[0]) from None
     try:

@@ -1,0 +1,77 @@
+"""Data read one batch of rows at a time: an (N, D) ``.npy`` file (memory-mapped), an activation store
+folder (:mod:`dictcheck.empirics.activation_store`) or an array in memory. Tokens are ROWS."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["RowSource", "open_rows"]
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """``n_rows`` × ``dim`` tokens from ``data`` (an array or memmap, or an activation store); ``name`` says
+    where they come from."""
+
+    data: Any
+    n_rows: int
+    dim: int
+    name: str
+
+    def rows(self, start: int, stop: int) -> NDArray[np.float64]:
+        """Rows start … stop − 1 as float64 (ValueError when any is NaN or inf)."""
+        if isinstance(self.data, np.ndarray):
+            block = np.asarray(self.data[start:stop], dtype=np.float64)
+        else:
+            block = np.asarray(self.data[np.arange(start, stop)], dtype=np.float64)
+        if not np.isfinite(block).all():
+            raise ValueError(f"{self.name}: rows {start}…{stop - 1} contain NaN or inf")
+        return block
+
+    def batches(self, batch: int, limit: int | None = None) -> Iterator[tuple[int, NDArray[np.float64]]]:
+        """(first row index, rows) over the first ``limit`` rows (all by default), ``batch`` rows at a time."""
+        n = self.n_rows if limit is None else min(limit, self.n_rows)
+        for start in range(0, n, batch):
+            yield start, self.rows(start, min(start + batch, n))
+
+    def sample(self, n: int) -> NDArray[np.float64]:
+        """``n`` rows evenly spaced over the source (all of them when there are fewer), in order."""
+        if n >= self.n_rows:
+            return self.rows(0, self.n_rows)
+        idx = np.unique(np.linspace(0, self.n_rows - 1, n).round().astype(np.int64))
+        block = np.asarray(self.data[idx], dtype=np.float64)
+        if not np.isfinite(block).all():
+            raise ValueError(f"{self.name}: the sampled rows contain NaN or inf")
+        return block
+
+
+def open_rows(data: str | os.PathLike[str] | NDArray) -> RowSource:
+    """A :class:`RowSource` for an (N, D) array, an ``.npy`` file (memory-mapped, nothing read yet) or an
+    activation store folder. ValueError (one line) for anything else."""
+    if isinstance(data, np.ndarray):
+        if data.ndim != 2 or data.shape[0] < 1 or data.shape[1] < 1 or data.dtype.kind not in "biuf":
+            raise ValueError(f"data must be a real (N, D) array with one token per row, got {data.dtype} {data.shape}")
+        return RowSource(data, int(data.shape[0]), int(data.shape[1]), "data")
+    path = Path(data)
+    if path.is_dir():
+        from dictcheck.empirics.activation_store import open_activations  # loads the LM stack: only for stores
+
+        store = open_activations(path)
+        return RowSource(store, int(store.shape[0]), int(store.shape[1]), str(path))
+    if not path.is_file():
+        raise ValueError(f"data not found: {path}")
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"data file {path} is not a readable .npy array ({exc})") from None
+    if not isinstance(array, np.ndarray) or array.ndim != 2 or 0 in array.shape or array.dtype.kind not in "biuf":
+        raise ValueError(f"data file {path} must hold a real (N, D) array, one token per row, got "
+                         f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
+    return RowSource(array, int(array.shape[0]), int(array.shape[1]), str(path))

@@ -1,0 +1,67 @@
+"""The λ of objective (1) at which exact codes have a given sparsity (docs/theory.md §1, §7).
+
+A TopK, BatchTopK or JumpReLU SAE is not trained on objective (1), so no λ comes with it. The λ that
+makes the comparison fair is the one at which the exact codes of its decoder are as sparse as its own
+codes: mean L0 of the exact codes = the SAE's mean L0 (Decision, ``--lam auto``). Bisection on log λ:
+at λ ≥ λ_max = max_{i,d} ŵ_dᵀx̃_i every code is 0, and the L0 of the exact codes grows as λ falls.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from dictcheck.solvers.lasso_codes import exact_codes
+
+__all__ = ["LamForL0", "lam_for_l0"]
+
+
+@dataclass(frozen=True)
+class LamForL0:
+    """The λ found, the mean L0 of the exact codes there, the target, and the bisection's record."""
+
+    lam: float
+    l0: float
+    target: float
+    iterations: int
+    lam_max: float
+    evaluations: tuple[tuple[float, float], ...]
+
+
+def lam_for_l0(W: ArrayLike, X: ArrayLike, b: ArrayLike, target: float, *, rel: float = 1e-3, max_iter: int = 40,
+               tol: float = 1e-8) -> LamForL0:
+    """λ at which the exact codes of unit atoms W (D, d_z) on X (D, N) with bias b have mean L0 closest to
+    ``target``: bisection on log λ in [λ_max·1e-8, λ_max] until the bracket is within a factor 1 + ``rel``.
+    Returns the evaluated λ whose L0 is closest to the target (the larger λ on a tie). ValueError for a
+    target outside [0, d_z]."""
+    W = np.asarray(W, dtype=np.float64)
+    X = np.asarray(X, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64).reshape(-1)
+    if not 0.0 <= target <= W.shape[1]:
+        raise ValueError(f"target L0 must be in [0, d_z = {W.shape[1]}], got {target!r}")
+    lam_max = float(np.max(W.T @ (X - b[:, None]), initial=0.0))
+    if lam_max <= 0.0:
+        return LamForL0(lam=1.0, l0=0.0, target=float(target), iterations=0, lam_max=lam_max, evaluations=())
+    record: list[tuple[float, float]] = []
+
+    def l0_at(lam: float) -> float:
+        value = float(exact_codes(W, X, b, lam, tol=tol).mean_support)
+        record.append((lam, value))
+        return value
+
+    hi = lam_max
+    lo = lam_max * 1e-8
+    l0_lo = l0_at(lo)
+    it = 0
+    while it < max_iter and hi / lo > 1.0 + rel and l0_lo > target:
+        mid = math.sqrt(lo * hi)
+        if l0_at(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+        it += 1
+    lam, l0 = min(record, key=lambda e: (abs(e[1] - target), -e[0]))
+    return LamForL0(lam=lam, l0=l0, target=float(target), iterations=it, lam_max=lam_max, evaluations=tuple(record))

@@ -147,7 +147,7 @@ def search_starts(
     if not starts:
         return [], np.zeros((D, 0)), np.zeros(0)
     U = np.stack([u0 for _, u0 in starts], axis=1)
-    gains, _ = _gains_and_steps(U, R, lam, 65536)
+    gains, _ = _gains_and_steps(U, R, lam, max(1, 2**24 // U.shape[1]))  # (S, chunk) blocks of ≤ 128 MB
     chosen = np.argsort(-gains, kind="stable")[: max(n_refine, 1)]
     U[:, chosen], gains[chosen] = refine_atoms(U[:, chosen], R, lam, n_steps=n_steps)
     return [label for label, _ in starts], U, gains

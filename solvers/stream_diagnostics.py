@@ -254,30 +254,41 @@ def stream_diagnostics(
         if start != seen or Xb.shape[0] != D:
             raise ValueError(f"batches must cover the points in order with D = {D} rows: got points from {start} "
                              f"(expected {seen}) with {Xb.shape[0]} rows")
-        Z = torch.as_tensor(codes.dense(start, start + B), device=dev)
-        R = (Xb - bt[:, None]) - Wt @ Z
+        sl = codes.range_slice(start, start + B)
+        pts = torch.as_tensor(codes.points[sl] - start, device=dev)
+        ats = torch.as_tensor(codes.atoms[sl], device=dev)
+        vals = torch.as_tensor(codes.values[sl], dtype=f64, device=dev)
+        on = vals > tau
+        # R = X̃ − WZ and the sums Σ_i z_di r_i from the sparse entries (never the dense (d_z, B) codes)
+        Z_sparse = torch.sparse_coo_tensor(torch.stack([ats, pts]), vals, (d_z, B), check_invariants=False).coalesce()
+        R = (Xb - bt[:, None]) - (Z_sparse.t() @ Wt.T).T
         Phi = (Wt.T @ R) / lam
-        active = Z > tau
         rnorm = R.norm(dim=0)
         sum_sq += (rnorm * rnorm).sum()
         max_rnorm = torch.maximum(max_rnorm, rnorm.max())
         sum_r += R.sum(dim=1)
-        szr += R @ Z.T
-        szr_act += R @ torch.where(active, Z, torch.zeros_like(Z)).T
-        n_on += active.sum(dim=1)
-        off_sum += torch.where(active, torch.zeros_like(Phi), Phi).sum(dim=1)
-        kkt = torch.maximum(kkt, torch.where(active, (Phi - 1.0).abs(), (Phi - 1.0).clamp_min(0.0)).amax(dim=1))
+        Rt = R.T
+        szr.index_add_(1, ats, (Rt[pts] * vals[:, None]).T)
+        szr_act.index_add_(1, ats[on], (Rt[pts[on]] * vals[on, None]).T)
+        n_on.index_add_(0, ats[on], torch.ones_like(vals[on]))
+        phi_on = Phi[ats[on], pts[on]]
+        off_sum += Phi.sum(dim=1) - torch.zeros_like(off_sum).index_add_(0, ats[on], phi_on)
+        # KKT-z: (φ − 1)₊ everywhere (≤ |φ − 1|, so it never hides an active entry), |φ − 1| on A_d
+        kkt = torch.maximum(kkt, (Phi - 1.0).clamp_min(0.0).amax(dim=1))
+        kkt.scatter_reduce_(0, ats[on], (phi_on - 1.0).abs(), reduce="amax")
         antipode += (-lam * Phi - lam).clamp_min(0.0).pow(2).sum(dim=1)
         if U is not None:
             gains += (U.T @ R - lam).clamp_min(0.0).pow(2).sum(dim=1)
-        # (5′) min summand, per point: a_i over atoms off at i, times max/min π_ji over atoms on at i
-        slack = torch.where(active, torch.full_like(Phi, math.inf), 1.0 - Phi).amin(dim=0)
-        pi = Z * inv_mass[:, None]
-        has_on, has_off = active.any(dim=0), (~active).any(dim=0)
-        pi_max = torch.where(active, pi, torch.full_like(pi, -math.inf)).amax(dim=0)
-        pi_min = torch.where(active, pi, torch.full_like(pi, math.inf)).amin(dim=0)
+        # (5′) min summand, per point: a_i = min over atoms off at i of (1 − φ_id), times max/min π_ji over
+        # the atoms on at i
+        Phi[ats[on], pts[on]] = -math.inf
+        slack = 1.0 - Phi.amax(dim=0)
+        pi = vals[on] * inv_mass[ats[on]]
+        pi_max = torch.full((B,), -math.inf, dtype=f64, device=dev).scatter_reduce_(0, pts[on], pi, reduce="amax")
+        pi_min = torch.full((B,), math.inf, dtype=f64, device=dev).scatter_reduce_(0, pts[on], pi, reduce="amin")
+        n_active = torch.zeros(B, dtype=f64, device=dev).index_add_(0, pts[on], torch.ones_like(pi))
         summand = torch.where(slack < 0, slack * pi_max, slack * pi_min)
-        ok = has_on & has_off
+        ok = (n_active > 0) & (n_active < d_z)
         if bool(ok.any()):
             prime_min = min(prime_min, float(summand[ok].min()))
         seen += B

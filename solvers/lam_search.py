@@ -2,8 +2,11 @@
 
 A TopK, BatchTopK or JumpReLU SAE is not trained on objective (1), so no λ comes with it. The λ that
 makes the comparison fair is the one at which the exact codes of its decoder are as sparse as its own
-codes: mean L0 of the exact codes = the SAE's mean L0 (Decision, ``--lam auto``). Bisection on log λ:
-at λ ≥ λ_max = max_{i,d} ŵ_dᵀx̃_i every code is 0, and the L0 of the exact codes grows as λ falls.
+codes: mean L0 of the exact codes = the SAE's mean L0 (Decision, ``--lam auto``). At λ ≥ λ_max =
+max_{i,d} ŵ_dᵀx̃_i every code is 0, and the L0 of the exact codes grows as λ falls, while the solve gets
+dearer (a dense code costs far more than a sparse one). So the search comes down from λ_max, halving λ
+until the L0 reaches the target, and then bisects on log λ inside that bracket: it never solves at a λ much
+denser than the target.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ class LamForL0:
 def lam_for_l0(W: ArrayLike, X: ArrayLike, b: ArrayLike, target: float, *, rel: float = 1e-3, max_iter: int = 40,
                tol: float = 1e-8) -> LamForL0:
     """λ at which the exact codes of unit atoms W (D, d_z) on X (D, N) with bias b have mean L0 closest to
-    ``target``: bisection on log λ in [λ_max·1e-8, λ_max] until the bracket is within a factor 1 + ``rel``.
-    Returns the evaluated λ whose L0 is closest to the target (the larger λ on a tie). ValueError for a
-    target outside [0, d_z]."""
+    ``target`` (module docstring): halving from λ_max (at most 27 times, to λ_max·2⁻²⁷), then bisection on
+    log λ until the bracket is within a factor 1 + ``rel`` or ``max_iter`` steps. Returns the evaluated λ
+    whose L0 is closest to the target (the larger λ on a tie). ValueError for a target outside [0, d_z]."""
     W = np.asarray(W, dtype=np.float64)
     X = np.asarray(X, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64).reshape(-1)
@@ -52,13 +55,15 @@ def lam_for_l0(W: ArrayLike, X: ArrayLike, b: ArrayLike, target: float, *, rel: 
         record.append((lam, value))
         return value
 
-    hi = lam_max
-    lo = lam_max * 1e-8
-    l0_lo = l0_at(lo)
+    hi, lo = lam_max, lam_max / 2
+    for _ in range(27):
+        if l0_at(lo) >= target:
+            break
+        hi, lo = lo, lo / 2
     it = 0
-    while it < max_iter and hi / lo > 1.0 + rel and l0_lo > target:
+    while it < max_iter and hi / lo > 1.0 + rel and record[-1][1] != target:
         mid = math.sqrt(lo * hi)
-        if l0_at(mid) > target:
+        if l0_at(mid) >= target:
             lo = mid
         else:
             hi = mid

@@ -15,7 +15,8 @@ read a batch at a time (an ``.npy`` file memory-mapped, an activation store, or 
 * **pass 2** (streamed): every diagnostic of docs/theory.md §6 (:mod:`dictcheck.solvers.stream_diagnostics`)
   and the exact gain of the new-atom candidates, found on a sample of the residuals (§3 S6).
 * the wide-limit optimum (Huber median of the points, §4.3) and the certified gap (§2.3).
-* optional: the four hull distances of §8 Q1 (``hull``, one QP per atom), and ``polish``:
+* optional: the four hull distances of §8 Q1 (``hull``: one QP per atom, for the atoms where (5) is violated
+  most, on a sample of the tokens), and ``polish``:
   :func:`dictcheck.solvers.polish.polish_dictionary` from the decoder and ``b_dec`` to the nearest stationary
   point on an evenly spaced sample of the tokens, with the per-atom cosines between the SAE's atoms and the
   polished ones.
@@ -67,12 +68,16 @@ class SaeCheckSettings:
     """How ``check-sae`` runs. ``lam``: a number, ``"auto"``, or None (the folder's λ, else auto).
     ``batch_size``: tokens per batch (None: sized so a batch's dense blocks stay near 512 MB).
     ``auto_tokens``: sample for ``auto``; ``search_tokens``: residual sample for the new-atom starts;
+    ``hull``: the §8 Q1 distances for the ``hull_atoms`` atoms with the largest (5) violation on
+    ``hull_tokens`` evenly spaced tokens;
     ``polish_tokens`` and ``polish_iters``: the sample and the sweep cap of ``polish``. ``tol``: relative
     KKT tolerance of the exact codes."""
 
     lam: float | str | None = None
     batch_size: int | None = None
     hull: bool = False
+    hull_atoms: int = 32
+    hull_tokens: int = 2048
     polish: bool = False
     polish_tokens: int = 2048
     polish_iters: int = 300
@@ -305,9 +310,12 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     timings["wide_limit"] = time.perf_counter() - t
 
     hull = None
-    if s.hull:
+    if s.hull:  # the QPs of docs/theory.md §8 Q1: on the atoms where (5) is violated most, on a token sample
         t = time.perf_counter()
-        hull = hull_candidate_distances(W, first.codes.to_dense(), b, first.X_in, lam, tau_act=diag.tau_act)
+        cols = np.unique(np.linspace(0, N - 1, min(N, s.hull_tokens)).round().astype(np.int64))
+        atoms = np.argsort(-np.nan_to_num(diag.hull_per_atom, nan=-1.0), kind="stable")[:s.hull_atoms]
+        hull = hull_candidate_distances(W, first.codes.to_dense_points(cols), b, first.X_in[:, cols], lam,
+                                        tau_act=diag.tau_act, atoms=atoms)
         timings["hull"] = time.perf_counter() - t
 
     report = summary(DictionaryCheck(

@@ -214,8 +214,12 @@ def hull_candidate_distances(
     tau_act: float | None = None,
     *,
     rtol: float = 1e-12,
+    atoms: ArrayLike | None = None,
 ) -> HullCandidateDistances:
     """Evaluate the four candidate forms of the paper's eq. 6 per atom (docs/theory.md §8 Q1).
+
+    ``atoms`` limits the QPs to those atoms (the others get NaN): each is a QP over up to N points in
+    d_z dimensions, so at real sizes the caller picks the atoms and a sample of the points.
 
     With φ_i = Ŵᵀr_i/λ, ψ_i = Ŵᵀx̃_i/ρ_i (normalised centred data) and c_d· = Ŵᵀŵ_d:
 
@@ -254,7 +258,7 @@ def hull_candidate_distances(
             return
         dist[name][d] = hull_distance(target, points, rtol=rtol).distance
 
-    for d in range(d_z):
+    for d in (range(d_z) if atoms is None else np.asarray(atoms, dtype=np.int64)):
         on = active[d]
         others = np.arange(d_z) != d
         measure("H-act-res", d, C[:, d], Phi[:, on])

@@ -116,6 +116,14 @@ class SparseCodes:
     def to_dense(self) -> NDArray[np.float64]:
         return self.dense(0, self.n_points)
 
+    def to_dense_points(self, points: NDArray) -> NDArray[np.float64]:
+        """Dense (d_z, len(points)) codes of the given sorted point indices."""
+        points = np.asarray(points, dtype=np.int64)
+        keep = np.isin(self.points, points)
+        Z = np.zeros((self.n_atoms, points.size))
+        Z[self.atoms[keep], np.searchsorted(points, self.points[keep])] = self.values[keep]
+        return Z
+
     def decode_points(self, W: NDArray, points: NDArray) -> NDArray[np.float64]:
         """W Z for the given sorted point indices, (D, len(points))."""
         points = np.asarray(points, dtype=np.int64)

@@ -86,9 +86,10 @@ def check_sae(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck check-sae``."""
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.polish_tokens < 1 or args.polish_iters < 1:
-        raise UserError("--polish-tokens and --polish-iters must be >= 1")
-    settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull, polish=args.polish,
+    if min(args.polish_tokens, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:
+        raise UserError("--polish-tokens, --polish-iters, --hull-atoms and --hull-tokens must be >= 1")
+    settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull, hull_atoms=args.hull_atoms,
+                                hull_tokens=args.hull_tokens, polish=args.polish,
                                 polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
                                 device=args.device, progress=sys.stderr.isatty() and not args.json)
     quiet = args.json or sys.stderr.isatty()
@@ -120,7 +121,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--polish-tokens", type=int, default=2048, metavar="N", help="tokens polishing uses (default 2048)")
     p.add_argument("--polish-iters", type=int, default=300, metavar="S", help="sweep cap of polishing (default 300)")
     p.add_argument("--hull", action="store_true", help="also the distances to the four hull candidates of "
-                   "docs/theory.md §8 Q1 (one QP per atom; slow at real sizes)")
+                   "docs/theory.md §8 Q1 (one QP per atom) for the --hull-atoms atoms where (5) is violated most, "
+                   "on --hull-tokens evenly spaced tokens")
+    p.add_argument("--hull-atoms", type=int, default=32, metavar="A", help="atoms --hull measures (default 32)")
+    p.add_argument("--hull-tokens", type=int, default=2048, metavar="N", help="tokens --hull uses (default 2048)")
     p.add_argument("--batch-size", type=int, metavar="B", help="tokens per batch (default: sized for ~512 MB)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for the streamed diagnostics and exact codes")
     p.add_argument("--json", action="store_true", help="print a JSON object")

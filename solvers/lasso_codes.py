@@ -249,6 +249,8 @@ _STALL = 5
 _CHUNK_ENTRIES = 1 << 20
 _CHUNK_SLACK = 0.1
 _CHUNK_MIN = 128
+# Gram matrix blocks (atoms per block) in _make_ctx.
+_GRAM_BLOCK = 2048
 
 
 @dataclass
@@ -286,6 +288,44 @@ class _Ctx:
     @property
     def G(self) -> torch.Tensor:
         return self.Gz[: self.d_z, : self.d_z]
+
+
+def _make_ctx(Wn: NDArray, lam: float, tol: float, dev: torch.device, dtype: torch.dtype) -> _Ctx:
+    """Per-call constants for the dictionary Wn (D, d_z) (see :class:`_Ctx`).
+
+    The Gram matrix is built in blocks of _GRAM_BLOCK atoms, upper blocks only and mirrored, so
+    it is exactly symmetric, costs half a GEMM and needs no full-size temporary (d_z = 16384:
+    2 GiB in float64). Screened gradients run in float32 with rigorous rounding bounds
+    (:func:`_screen_bound`) when the working dtype is float64 and float32 products are true
+    IEEE float32 products (no TF32 / bf16 shortcuts, which torch allows below the "highest"
+    matmul precision); otherwise the screening copies are the working tensors (bound 0).
+    """
+    D, d_z = Wn.shape
+    Wt = torch.as_tensor(Wn, device=dev).to(dtype)  # (D, d_z)
+    Gz = torch.zeros(d_z + 1, d_z + 1, dtype=dtype, device=dev)
+    for i in range(0, d_z, _GRAM_BLOCK):
+        ie = min(d_z, i + _GRAM_BLOCK)
+        for j in range(i, d_z, _GRAM_BLOCK):
+            je = min(d_z, j + _GRAM_BLOCK)
+            blk = Wt[:, i:ie].T @ Wt[:, j:je]
+            if i == j:
+                blk = 0.5 * (blk + blk.T)
+            Gz[i:ie, j:je] = blk
+            Gz[j:je, i:ie] = blk.T
+    screen = dtype == torch.float64 and torch.get_float32_matmul_precision() == "highest"
+    if dev.type == "cuda":
+        screen = screen and not torch.backends.cuda.matmul.allow_tf32
+    WT = Wt.T.contiguous()
+    if screen:
+        Gs, Ws, WTs = Gz[:d_z, :d_z].float(), Wt.float(), WT.float()
+    else:
+        Gs, Ws, WTs = Gz[:d_z, :d_z], Wt, WT
+    return _Ctx(
+        W=Wt, WT=WT, Gz=Gz, Gs=Gs, Ws=Ws, WTs=WTs,
+        u_screen=2.0**-24 if screen else 0.0,
+        cmax2=float(np.max(np.sum(Wn * Wn, axis=0))),
+        lam=lam, tol=tol, eps=0.5 * tol * lam,
+    )
 
 
 def _gram_product(
@@ -1030,28 +1070,7 @@ def exact_codes(
     B = int(batch_size) if batch_size is not None else _default_batch(D, d_z)
     dev = torch.device(device)
 
-    Wt = torch.as_tensor(Wn, device=dev).to(dtype)  # (D, d_z)
-    Gz = torch.zeros(d_z + 1, d_z + 1, dtype=dtype, device=dev)
-    G = Wt.T @ Wt
-    Gz[:d_z, :d_z] = 0.5 * (G + G.T)
-    del G
-    # Screened gradients in float32 with rigorous rounding bounds (_screen_bound) when the
-    # working dtype is float64 and float32 products are true IEEE float32 products (no TF32 /
-    # bf16 shortcuts, which torch allows below the "highest" matmul precision).
-    screen = dtype == torch.float64 and torch.get_float32_matmul_precision() == "highest"
-    if dev.type == "cuda":
-        screen = screen and not torch.backends.cuda.matmul.allow_tf32
-    WT = Wt.T.contiguous()
-    if screen:
-        Gs, Ws, WTs = Gz[:d_z, :d_z].float(), Wt.float(), WT.float()
-    else:
-        Gs, Ws, WTs = Gz[:d_z, :d_z], Wt, WT
-    ctx = _Ctx(
-        W=Wt, WT=WT, Gz=Gz, Gs=Gs, Ws=Ws, WTs=WTs,
-        u_screen=2.0**-24 if screen else 0.0,
-        cmax2=float(np.max(np.sum(Wn * Wn, axis=0))),
-        lam=lam, tol=tol, eps=0.5 * tol * lam,
-    )
+    ctx = _make_ctx(Wn, lam, tol, dev, dtype)
     bt = torch.as_tensor(bv, device=dev).to(dtype)
 
     if sparse_output:

@@ -67,6 +67,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -83,6 +85,39 @@ __all__ = [
     "SparseAutoencoder",
     "make_sae",
 ]
+
+
+@dataclass(frozen=True)
+class ActiveLatents:
+    """The non-zero codes of a TopK-family batch: token t's active latents ``idx`` with values
+    ``vals`` (both (B, k) when every token has k of them; flat and grouped by token, token t
+    starting at ``offsets[t]``, when their number varies).
+
+    Sparse decode (the ``sparsify`` library's embedding-bag decoder): x̂_t − b_dec =
+    Σ_{j active in t} z_tj · W_dec[j] = (z_t @ W_dec), computed by ``embedding_bag`` in
+    O(B·k·d_in) instead of the dense product's O(B·d_sae·d_in). Its backward pass is the same
+    gather: ∂L/∂z_tj = ⟨∂L/∂x̂_t, W_dec[j]⟩ for the active j only, and ∂L/∂W_dec[j] =
+    Σ_t z_tj ∂L/∂x̂_t over the tokens where j is active (rows of inactive latents get 0, as
+    in the dense path). Same values as the dense path up to the order of summation.
+    """
+
+    idx: Tensor
+    vals: Tensor
+    offsets: Tensor | None
+
+    def decode(self, W_dec: Tensor) -> Tensor:
+        """Σ_j vals_tj · W_dec[idx_tj] per token, (B, d_in) (no bias)."""
+        return torch.nn.functional.embedding_bag(
+            self.idx, W_dec, self.offsets, mode="sum", per_sample_weights=self.vals
+        )
+
+    def dense(self, like: Tensor) -> Tensor:
+        """The codes as a dense (B, d_sae) tensor shaped like ``like`` (differentiable in vals)."""
+        if self.offsets is None:
+            return torch.zeros_like(like).scatter(-1, self.idx, self.vals)
+        counts = torch.diff(self.offsets, append=self.offsets.new_tensor([self.idx.numel()]))
+        rows = torch.repeat_interleave(torch.arange(like.shape[0], device=like.device), counts)
+        return torch.zeros_like(like).index_put((rows, self.idx), self.vals)
 
 
 class SparseAutoencoder(Featurizer):
@@ -117,6 +152,9 @@ class SparseAutoencoder(Featurizer):
         self.jumprelu_bandwidth = float(jumprelu_bandwidth)
         self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
         self.batchtopk_momentum = float(batchtopk_momentum)
+        # TopK family: decode by gathering the active decoder rows (see ActiveLatents); False
+        # selects the dense product z @ W_dec (same numbers up to rounding, kept as the reference).
+        self.sparse_decode = True
         self.W_enc = torch.nn.Parameter(torch.zeros(d_in, d_sae, dtype=dtype))
         self.b_enc = torch.nn.Parameter(torch.zeros(d_sae, dtype=dtype))
         self.W_dec = torch.nn.Parameter(torch.zeros(d_sae, d_in, dtype=dtype))
@@ -144,33 +182,45 @@ class SparseAutoencoder(Featurizer):
         """a = (x − b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc (for 'abs' this includes b_enc too)."""
         return self._encoder_input(x) @ self.W_enc + self.b_enc
 
-    def _encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(codes, pre-activation a used for AuxK / L0). x is (B, d_in)."""
+    def _encode(self, x: Tensor) -> tuple[Tensor, Tensor, ActiveLatents | None]:
+        """(codes, pre-activation a used for AuxK / L0, active latents of the TopK family or
+        None). x is (B, d_in)."""
         if self.arch == "abs":
             u = self._encoder_input(x) @ self.W_enc
             z = torch.sign(u) * torch.relu(u.abs() + self.b_enc)
-            return z, u + self.b_enc
+            return z, u + self.b_enc, None
         a = self.pre_activation(x)
         if self.arch == "relu":
-            return torch.relu(a), a
-        if self.arch == "topk":
-            k = min(self.k, self.d_sae)
-            vals, idx = torch.topk(a, k, dim=-1)
-            z = torch.zeros_like(a).scatter(-1, idx, torch.relu(vals))
-            return z, a
-        if self.arch == "batchtopk":
-            r = torch.relu(a)
-            theta = self.batchtopk_threshold
-            if not self.training and float(theta) >= 0:
-                return r * (r > theta).to(r.dtype), a
-            flat = r.reshape(-1)
-            n_keep = min(self.k * r.shape[0], flat.numel())
-            vals, idx = torch.topk(flat, n_keep)
-            z = torch.zeros_like(flat).scatter(0, idx, vals).reshape(r.shape)
-            return z, a
+            return torch.relu(a), a, None
+        if self.arch in TOPK_FAMILY:
+            act = self._active_latents(a)
+            return act.dense(a), a, act
         if self.arch == "jumprelu":
-            return JumpReLUFn.apply(a, self.threshold, self.jumprelu_bandwidth), a
+            return JumpReLUFn.apply(a, self.threshold, self.jumprelu_bandwidth), a, None
         raise AssertionError(self.arch)  # pragma: no cover
+
+    def _active_latents(self, a: Tensor) -> ActiveLatents:
+        """The non-zero codes of the TopK family (module docstring) as (latent, value) lists.
+
+        topk: per token the k largest a, values ReLU(a) (at most k non-zeros). batchtopk in
+        training mode (or before θ is known): the k·B largest ReLU(a) over the whole batch,
+        grouped by token; in eval mode: ReLU(a)·1[ReLU(a) > θ].
+        """
+        if self.arch == "topk":
+            vals, idx = torch.topk(a, min(self.k, self.d_sae), dim=-1)
+            return ActiveLatents(idx, torch.relu(vals), None)
+        r = torch.relu(a)
+        theta = self.batchtopk_threshold
+        if not self.training and float(theta) >= 0:
+            rows, cols = (r > theta).nonzero(as_tuple=True)
+        else:
+            flat = r.reshape(-1)
+            flat_idx = torch.topk(flat, min(self.k * r.shape[0], flat.numel())).indices
+            flat_idx = torch.sort(flat_idx).values  # grouped by token, as embedding_bag needs
+            rows, cols = flat_idx // self.d_sae, flat_idx % self.d_sae
+        offsets = torch.zeros(r.shape[0], dtype=torch.long, device=r.device)
+        offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=r.shape[0]), 0)[:-1]
+        return ActiveLatents(cols, r[rows, cols], offsets)
 
     def encode(self, x: Tensor) -> Tensor:
         """Codes z, shape (B, d_sae). batchtopk in training mode selects over the whole batch."""
@@ -186,8 +236,11 @@ class SparseAutoencoder(Featurizer):
     def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:
         x = _as_2d(x, self.d_in)
         B = x.shape[0]
-        z, a = self._encode(x)
-        x_hat = self.decode(z)
+        z, a, act = self._encode(x)
+        if act is not None and self.sparse_decode:
+            x_hat = act.decode(self.W_dec) + self.b_dec
+        else:
+            x_hat = self.decode(z)
         resid = x - x_hat
         mse = resid.pow(2).sum() / B
         zero = mse.new_zeros(())
@@ -234,8 +287,8 @@ class SparseAutoencoder(Featurizer):
         e = (x - x_hat).detach()
         masked = torch.where(dead_mask, a, torch.full_like(a, -math.inf))
         vals, idx = torch.topk(masked, k_eff, dim=-1)
-        z_aux = torch.zeros_like(a).scatter(-1, idx, torch.relu(vals))
-        e_hat = z_aux @ self.W_dec  # no b_dec
+        aux = ActiveLatents(idx, torch.relu(vals), None)
+        e_hat = aux.decode(self.W_dec) if self.sparse_decode else aux.dense(a) @ self.W_dec  # no b_dec
         num = (e - e_hat).pow(2).sum()
         den = (e - e.mean(dim=0, keepdim=True)).pow(2).sum()
         scale = self.aux_coef * min(n_dead / k_aux, 1.0)

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -114,10 +115,57 @@ class ActiveLatents:
     def dense(self, like: Tensor) -> Tensor:
         """The codes as a dense (B, d_sae) tensor shaped like ``like`` (differentiable in vals)."""
         if self.offsets is None:
-            return torch.zeros_like(like).scatter(-1, self.idx, self.vals)
+            return torch.zeros_like(like).scatter_(-1, self.idx, self.vals)
+        return torch.zeros_like(like).index_put_((self.rows(), self.idx), self.vals)
+
+    def rows(self) -> Tensor:
+        """Token index of every entry, (B·k,) or like the flat ``idx``."""
+        n = self.vals.shape[0] if self.offsets is None else self.offsets.shape[0]
+        arange = torch.arange(n, device=self.idx.device)
+        if self.offsets is None:
+            return arange.repeat_interleave(self.idx.shape[1])
         counts = torch.diff(self.offsets, append=self.offsets.new_tensor([self.idx.numel()]))
-        rows = torch.repeat_interleave(torch.arange(like.shape[0], device=like.device), counts)
-        return torch.zeros_like(like).index_put((rows, self.idx), self.vals)
+        return arange.repeat_interleave(counts)
+
+
+class _SelectedPreacts(torch.autograd.Function):
+    """The selected pre-activations a_tj = x̃_t · W_enc[:, j] + b_enc[j] with a sparse backward.
+
+    forward(x̃, W_enc, b_enc, idx, offsets, values) returns ``values``, the entries of the dense
+    pre-activation GEMM at the selected (t, j) (same numbers as the dense path). backward, with
+    g_tj = ∂L/∂a_tj at the selected entries (∂L/∂a is 0 elsewhere: the TopK loss sees a only
+    there): ∂L/∂W_enc[:, j] = Σ_t g_tj x̃_t, ∂L/∂b_enc[j] = Σ_t g_tj, ∂L/∂x̃_t = Σ_j g_tj W_enc[:, j]
+    (which reaches b_dec through x̃ = x − b_dec), in O(B·k·d_in) instead of autograd's two dense
+    (B·d_sae·d_in) products through a. Layout of idx/offsets as in :class:`ActiveLatents`.
+    """
+
+    @staticmethod
+    def forward(ctx, xe, W_enc, b_enc, idx, offsets, values):  # noqa: D102
+        ctx.save_for_backward(xe, W_enc, idx, offsets)
+        return values
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        xe, W_enc, idx, offsets = ctx.saved_tensors
+        sel = ActiveLatents(idx, g, offsets)
+        grad_x = grad_W = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = sel.decode(W_enc.T.contiguous())
+        flat_idx, flat_g = idx.reshape(-1), g.reshape(-1)
+        if ctx.needs_input_grad[1]:
+            d_sae = W_enc.shape[1]
+            order = torch.argsort(flat_idx, stable=True)
+            crow = torch.zeros(d_sae + 1, dtype=torch.long, device=idx.device)
+            crow[1:] = torch.cumsum(torch.bincount(flat_idx, minlength=d_sae), 0)
+            with warnings.catch_warnings():  # "sparse CSR support is in beta"
+                warnings.simplefilter("ignore", UserWarning)
+                g_t = torch.sparse_csr_tensor(
+                    crow, sel.rows()[order], flat_g[order], size=(d_sae, xe.shape[0])
+                )
+            grad_W = torch.sparse.mm(g_t, xe).T
+        if ctx.needs_input_grad[2]:
+            grad_b = torch.zeros_like(W_enc[0]).index_add_(0, flat_idx, flat_g)
+        return grad_x, grad_W, grad_b, None, None, None
 
 
 class SparseAutoencoder(Featurizer):
@@ -180,7 +228,10 @@ class SparseAutoencoder(Featurizer):
 
     def pre_activation(self, x: Tensor) -> Tensor:
         """a = (x − b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc (for 'abs' this includes b_enc too)."""
-        return self._encoder_input(x) @ self.W_enc + self.b_enc
+        return self._encoder_affine(self._encoder_input(x))
+
+    def _encoder_affine(self, xe: Tensor) -> Tensor:
+        return xe @ self.W_enc + self.b_enc
 
     def _encode(self, x: Tensor) -> tuple[Tensor, Tensor, ActiveLatents | None]:
         """(codes, pre-activation a used for AuxK / L0, active latents of the TopK family or
@@ -189,38 +240,48 @@ class SparseAutoencoder(Featurizer):
             u = self._encoder_input(x) @ self.W_enc
             z = torch.sign(u) * torch.relu(u.abs() + self.b_enc)
             return z, u + self.b_enc, None
+        if self.arch in TOPK_FAMILY:
+            xe = self._encoder_input(x)
+            a = self._encoder_affine(xe)
+            act = self._active_latents(a, xe)
+            return act.dense(a), a, act
         a = self.pre_activation(x)
         if self.arch == "relu":
             return torch.relu(a), a, None
-        if self.arch in TOPK_FAMILY:
-            act = self._active_latents(a)
-            return act.dense(a), a, act
         if self.arch == "jumprelu":
             return JumpReLUFn.apply(a, self.threshold, self.jumprelu_bandwidth), a, None
         raise AssertionError(self.arch)  # pragma: no cover
 
-    def _active_latents(self, a: Tensor) -> ActiveLatents:
+    def _active_latents(self, a: Tensor, xe: Tensor) -> ActiveLatents:
         """The non-zero codes of the TopK family (module docstring) as (latent, value) lists.
 
         topk: per token the k largest a, values ReLU(a) (at most k non-zeros). batchtopk in
         training mode (or before θ is known): the k·B largest ReLU(a) over the whole batch,
-        grouped by token; in eval mode: ReLU(a)·1[ReLU(a) > θ].
+        grouped by token; in eval mode: ReLU(a)·1[ReLU(a) > θ]. The selection uses a's
+        values only; with ``sparse_decode`` the selected pre-activations carry the sparse
+        encoder gradient of :class:`_SelectedPreacts`, otherwise autograd through the dense a.
         """
-        if self.arch == "topk":
-            vals, idx = torch.topk(a, min(self.k, self.d_sae), dim=-1)
-            return ActiveLatents(idx, torch.relu(vals), None)
-        r = torch.relu(a)
-        theta = self.batchtopk_threshold
-        if not self.training and float(theta) >= 0:
-            rows, cols = (r > theta).nonzero(as_tuple=True)
+        with torch.no_grad():
+            if self.arch == "topk":
+                idx = torch.topk(a, min(self.k, self.d_sae), dim=-1).indices
+                rows = offsets = None
+            else:
+                r = torch.relu(a)
+                theta = self.batchtopk_threshold
+                if not self.training and float(theta) >= 0:
+                    rows, idx = (r > theta).nonzero(as_tuple=True)
+                else:
+                    flat = torch.topk(r.reshape(-1), min(self.k * r.shape[0], r.numel())).indices
+                    flat = torch.sort(flat).values  # grouped by token, as embedding_bag needs
+                    rows, idx = flat // self.d_sae, flat % self.d_sae
+                offsets = torch.zeros(r.shape[0], dtype=torch.long, device=r.device)
+                offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=r.shape[0]), 0)[:-1]
+        if self.sparse_decode:
+            picked = a.detach().gather(-1, idx) if rows is None else a.detach()[rows, idx]
+            pre = _SelectedPreacts.apply(xe, self.W_enc, self.b_enc, idx, offsets, picked)
         else:
-            flat = r.reshape(-1)
-            flat_idx = torch.topk(flat, min(self.k * r.shape[0], flat.numel())).indices
-            flat_idx = torch.sort(flat_idx).values  # grouped by token, as embedding_bag needs
-            rows, cols = flat_idx // self.d_sae, flat_idx % self.d_sae
-        offsets = torch.zeros(r.shape[0], dtype=torch.long, device=r.device)
-        offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=r.shape[0]), 0)[:-1]
-        return ActiveLatents(cols, r[rows, cols], offsets)
+            pre = a.gather(-1, idx) if rows is None else a[rows, idx]
+        return ActiveLatents(idx, torch.relu(pre), offsets)
 
     def encode(self, x: Tensor) -> Tensor:
         """Codes z, shape (B, d_sae). batchtopk in training mode selects over the whole batch."""
@@ -256,7 +317,10 @@ class SparseAutoencoder(Featurizer):
                 self._update_batchtopk_threshold(z)
             if self.aux_coef > 0 and dead_mask is not None:
                 aux = self.auxk_loss(x, x_hat, a, dead_mask)
-        l0 = (z != 0).sum(dim=-1).to(x.dtype).mean()
+        if act is not None and self.sparse_decode:
+            l0 = (act.vals != 0).sum().to(x.dtype) / B  # = mean over tokens of ‖z_t‖₀
+        else:
+            l0 = (z != 0).sum(dim=-1).to(x.dtype).mean()
         return FeaturizerOutput(
             x_hat=x_hat, codes=z, loss=mse + sparsity + aux, mse=mse, sparsity_loss=sparsity, aux_loss=aux, l0=l0
         )

@@ -128,6 +128,31 @@ class ActiveLatents:
         return arange.repeat_interleave(counts)
 
 
+def _batch_topk(r: Tensor, n_keep: int, k: int) -> tuple[Tensor, Tensor]:
+    """(rows, cols) of the n_keep largest entries of r ≥ 0 (B, d) over the whole batch, sorted
+    by (row, col), without a top-n_keep over all B·d entries (1.2 s at B = d = 4096 on the
+    benchmark CPU, against 0.2 s for the row-wise top-2k).
+
+    Each row's m largest entries are candidates (m = 2k, doubled while needed); the global top
+    n_keep of the candidates, with threshold θ = the smallest kept value, is the global top n_keep
+    of r as soon as every row's m-th largest value is < θ or is 0 (its unseen entries are then
+    below θ, or zeros, which carry no code). Equal values at θ may be chosen differently from a
+    flat ``torch.topk`` (the kept values are the same).
+    """
+    B, d = r.shape
+    m = min(d, 2 * k)
+    while True:
+        vals, cols = torch.topk(r, m, dim=1)
+        top = torch.topk(vals.reshape(-1), n_keep)
+        last = vals[:, -1]
+        if m == d or bool(((last < top.values[-1]) | (last <= 0)).all()):
+            break
+        m = min(d, 2 * m)
+    rows = torch.div(top.indices, m, rounding_mode="floor")
+    flat = torch.sort(rows * d + cols.reshape(-1)[top.indices]).values
+    return torch.div(flat, d, rounding_mode="floor"), flat % d
+
+
 class _SelectedPreacts(torch.autograd.Function):
     """The selected pre-activations a_tj = x̃_t · W_enc[:, j] + b_enc[j] with a sparse backward.
 
@@ -271,9 +296,7 @@ class SparseAutoencoder(Featurizer):
                 if not self.training and float(theta) >= 0:
                     rows, idx = (r > theta).nonzero(as_tuple=True)
                 else:
-                    flat = torch.topk(r.reshape(-1), min(self.k * r.shape[0], r.numel())).indices
-                    flat = torch.sort(flat).values  # grouped by token, as embedding_bag needs
-                    rows, idx = flat // self.d_sae, flat % self.d_sae
+                    rows, idx = _batch_topk(r, min(self.k * r.shape[0], r.numel()), self.k)
                 offsets = torch.zeros(r.shape[0], dtype=torch.long, device=r.device)
                 offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=r.shape[0]), 0)[:-1]
         if self.sparse_decode:

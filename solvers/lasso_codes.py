@@ -25,20 +25,26 @@ Algorithm (``exact_codes``)
 Write G = WᵀW and c_i = Wᵀx̃_i. Up to a constant, (P_i)/2 is the non-negative quadratic program
 min_{z≥0} ½ zᵀGz − q_iᵀz with q_i = c_i − λ1, and g_i = q_i − G z_i = Wᵀr_i − λ1 is the
 quantity (KKT-z) constrains (g = 0 on the support, g ≤ 0 off it). Points are processed in
-batches: one matmul X̃ᵀW per batch gives q, then every step works on the (d_z+1)² Gram matrix
-(a zero "null atom" pads index sets to a common width) and on each point's guessed support F,
-held as a padded index set; small systems are grouped in chunks of similar width.
+batches: one matmul X̃ᵀW per batch gives q (float64: the one product no exact method avoids),
+then every step works on the (d_z+1)² Gram matrix (a zero "null atom" pads index sets to a common
+width; built once per call, in mirrored blocks) and on each point's guessed support F, held as a
+padded index set; small systems are grouped in chunks of similar width.
 
 Phase A (almost every point). Principal pivoting / semismooth Newton on all atoms with limited
-additions (primal–dual active set). Start from F = the k₀ atoms with the largest q > 0 (k₀
-learnt from the supports of earlier batches). Each step solves G_FF z_F = q_F (batched
-Cholesky), computes the full gradient g = q − Gz for all atoms (sparse codes times G, or
-(sparse codes times Wᵀ) times W when that is cheaper), and checks (KKT-z): a point is done when
-z ≥ 0 and the relative violation is ≤ tol. Otherwise the members with z < 0 leave F and the
-atoms with the largest g > 0 enter (at most max(8, ⌈|F|/4⌉), keeping |F| ≤ min(D, d_z)).
-A point whose only defect is accuracy on F gets a Newton refinement z_F += G_FF⁻¹ g_F. With
-random dictionaries a point needs about 4–5 solves. Pivoting can cycle, so a point whose
-count of infeasible indices stalls for 5 steps (or is still open after 30) goes to phase B.
+additions (primal–dual active set). Start from a guessed support F: the warm start's (``init``),
+otherwise F = ∅, z = 0. Each step solves G_FF z_F = q_F (batched Cholesky), which also gives the
+exact gradient on F, g_F = q_F − G_FF z_F, and checks (KKT-z) off F with a *screened* gradient:
+g̃ = q − Gz computed in float32 (sparse codes times the float32 Gram matrix, or the residual
+route) with a rigorous bound B_i on its rounding error (``_screen_bound``: the standard
+dot-product error bound, Higham §3.1). An atom with g̃ − B > eps certainly violates; when a point
+has none and z_F ≥ 0, every atom with g̃ > −B is re-evaluated exactly in float64 (the others
+have g ≤ 0 for certain), so the violation recorded is exact, never assumed. A point is done when
+z ≥ 0 and the relative violation is ≤ tol. Otherwise the members with z < 0 leave F and the atoms
+with the largest g̃ > eps enter (at most max(8, ⌈|F|/4⌉), keeping |F| ≤ min(D, d_z)). A point
+whose only defect is accuracy on F gets a Newton refinement z_F += G_FF⁻¹ g_F. With random
+dictionaries a point needs about 4–6 solves from the cold start, one from its exact support.
+Pivoting can cycle, so a point whose total violation Σ(g̃)₊ + Σ(−z)₊ stalls for 5 steps (or is
+still open after 30) goes to phase B.
 
 Phase B (finite termination when atoms are independent). Working sets: solve the problem
 restricted to the working set exactly by block principal pivoting (Júdice & Pires 1994; Kim &
@@ -52,8 +58,9 @@ scipy's Lawson–Hanson NNLS on the least-distance dual: the optimal residual is
 of x̃ onto {r : Wᵀr ≤ λ1}; min ‖u‖ s.t. −Wᵀu ≥ q (u = r − x̃) is solved through
 min_{w≥0} ‖[−W; qᵀ] w − e_{D+1}‖, and z = w / (1 − qᵀw) (Lawson & Hanson 1974, ch. 23).
 
-Every reported violation is measured with the final codes (g recomputed in the working dtype),
-never assumed. The result is exact up to rounding: typically 1e-13 to 1e-15 for phases A and
+Every reported violation is measured with the final codes (exactly in the working dtype where it
+can be positive; the float32 screen only certifies atoms whose g is ≤ 0 with its rounding
+bound), never assumed. The result is exact up to rounding: typically 1e-13 to 1e-15 for phases A and
 B, ~1e-11 for phase C. Runs in float64 by default; ``device`` may name a CUDA device (written
 for it, tested on CPU only; phase C always runs on the CPU).
 """
@@ -391,8 +398,10 @@ def _screen_bound(ctx: _Ctx, n_terms: int, z: torch.Tensor, qmax: torch.Tensor) 
     rounding the two inputs), and Σ_j |G_dj| z_j ≤ ‖w_d‖ max_j‖w_j‖ ‖z‖₁ ≤ c² ‖z‖₁ (also for
     the residual route, whose two products nest: γ_K + γ_D + γ_Kγ_D ≤ γ_{K+D}), give
     |g̃_d − g_d| ≤ γ_{n_t+2} c²‖z‖₁ + u|q_d| + u|g̃_d| ≤ (γ_{n_t+2} + 2u)(c²‖z‖₁ + max_d|q_d|)
-    to first order; the factor 2 returned covers the second-order terms with a wide margin.
-    0 when screening is exact (``u_screen`` = 0).
+    to first order; the factor 2 returned covers the second-order terms with a wide margin, and
+    (n_t + 4)·2⁻¹⁴⁹ the absolute error of gradual underflow (the model above assumes none).
+    Overflow gives inf or nan in g̃, which no test below passes (such rows reach the exact
+    phase B). 0 when screening is exact (``u_screen`` = 0).
     """
     u = ctx.u_screen
     if u == 0.0:
@@ -400,7 +409,7 @@ def _screen_bound(ctx: _Ctx, n_terms: int, z: torch.Tensor, qmax: torch.Tensor) 
     m = n_terms + 2
     gamma = m * u / (1.0 - m * u)
     l1 = z.abs().sum(dim=1).to(qmax.dtype)
-    return 2.0 * (gamma + 2.0 * u) * (ctx.cmax2 * l1 + qmax)
+    return 2.0 * (gamma + 2.0 * u) * (ctx.cmax2 * l1 + qmax) + (m + 2) * 2.0**-149
 
 
 def _screened_gradient(

@@ -444,3 +444,23 @@ def test_sparse_decode_is_the_default_for_the_topk_family():
         assert sae.sparse_decode
         out = sae(_x())
         assert torch.allclose(out.x_hat, sae.decode(out.codes), atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 12), st.integers(1, 60), st.integers(1, 8), st.floats(0.0, 0.95))
+def test_batch_topk_selection_equals_flat_topk(seed, n, d, k, zero_frac):
+    """The candidate-based batch top-k keeps exactly the entries of a flat top-(k·B): rows of very
+    different scale force the doubling of the candidate count, zeros force ties at 0."""
+    from dictcheck.empirics.sae_models import _batch_topk
+
+    k = min(k, d)
+    g = torch.Generator().manual_seed(seed)
+    r = torch.rand(n, d, generator=g, dtype=torch.float64) * torch.logspace(0, 6, n, dtype=torch.float64)[torch.randperm(n, generator=g)].unsqueeze(1)
+    r = torch.where(torch.rand(n, d, generator=g) < zero_frac, torch.zeros_like(r), r)
+    n_keep = min(k * n, r.numel())
+    rows, cols = _batch_topk(r, n_keep, k)
+    assert rows.numel() == n_keep and bool((torch.diff(rows * d + cols) > 0).all())  # sorted, distinct
+    ref = torch.topk(r.reshape(-1), n_keep)
+    torch.testing.assert_close(torch.sort(r[rows, cols]).values, torch.sort(ref.values).values, rtol=0, atol=0)
+    pos_ref = set(ref.indices[ref.values > 0].tolist())
+    assert {int(i) for i, v in zip(rows * d + cols, r[rows, cols]) if v > 0} == pos_ref

@@ -322,15 +322,11 @@ def test_errors() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+log_scales = st.floats(-6.0, 6.0)
+
+
 @settings(max_examples=60, deadline=None)
-@given(
-    seeds,
-    st.integers(1, 40),
-    st.integers(1, 200),
-    st.integers(1, 12),
-    st.floats(-6.0, 6.0),
-    st.floats(-6.0, 6.0),
-)
+@given(seeds, st.integers(1, 40), st.integers(1, 200), st.integers(1, 12), log_scales, log_scales)
 def test_screened_gradient_within_its_rounding_bound(seed, D, d_z, K, log_w, log_x) -> None:
     """|g̃ − g| ≤ B for every atom off F (the float32 screen of _screen_bound), with atoms and
     data spanning 12 orders of magnitude and codes of both signs (phase A's infeasible states)."""

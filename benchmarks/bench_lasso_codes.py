@@ -49,8 +49,9 @@ NOTES = """Notes.
   thread each; scikit-learn `n_jobs=2` splits the points over two processes like
   `sparse_encode` does. Speed-ups are wall-clock ratios on the same 2 cores.
 * scikit-learn's coordinate descent reaches any KKT level cheaply once it is near the solution,
-  so "equal tolerance" costs it little: the gap to ours is set by the per-point work (ours: ~4–5
-  batched Cholesky solves on the guessed support plus a full gradient each, per point).
+  so "equal tolerance" costs it little: the gap to ours is set by the per-point work (ours: 5–9
+  checks from the cold start, each a batched Cholesky solve on the guessed support plus a full
+  float32-screened gradient; one check from the exact support).
 * The VM is shared: timings vary by ±10 % between runs, and when other processes load the cores
   every multi-threaded code here (ours and scikit-learn alike) can slow down several-fold."""
 

@@ -128,28 +128,37 @@ class ActiveLatents:
         return arange.repeat_interleave(counts)
 
 
-def _batch_topk(r: Tensor, n_keep: int, k: int) -> tuple[Tensor, Tensor]:
-    """(rows, cols) of the n_keep largest entries of r ≥ 0 (B, d) over the whole batch, sorted
+def _batch_topk(a: Tensor, n_keep: int, k: int) -> tuple[Tensor, Tensor]:
+    """(rows, cols) of the n_keep largest entries of ReLU(a) (B, d) over the whole batch, sorted
     by (row, col), without a top-n_keep over all B·d entries (1.2 s at B = d = 4096 on the
     benchmark CPU, against 0.2 s for the row-wise top-2k).
 
-    Each row's m largest entries are candidates (m = 2k, doubled while needed); the global top
-    n_keep of the candidates, with threshold θ = the smallest kept value, is the global top n_keep
-    of r as soon as every row's m-th largest value is < θ or is 0 (its unseen entries are then
-    below θ, or zeros, which carry no code). Equal values at θ may be chosen differently from a
-    flat ``torch.topk`` (the kept values are the same).
+    Candidates are each row's 2k largest entries; θ̂ = the n_keep-th largest candidate is a lower
+    bound of the true threshold θ (more candidates can only raise it), so the global top n_keep
+    lies in the entries ≥ θ̂. A row whose 2k-th largest value is < θ̂ (or ≤ 0: zeros carry no
+    code) has shown all of them; for the other rows every entry ≥ θ̂ is added. The top n_keep of
+    that superset is the global one. Equal values at θ may be chosen differently from a flat
+    ``torch.topk`` (the kept values are the same).
     """
-    B, d = r.shape
+    B, d = a.shape
     m = min(d, 2 * k)
-    while True:
-        vals, cols = torch.topk(r, m, dim=1)
-        top = torch.topk(vals.reshape(-1), n_keep)
-        last = vals[:, -1]
-        if m == d or bool(((last < top.values[-1]) | (last <= 0)).all()):
-            break
-        m = min(d, 2 * m)
-    rows = torch.div(top.indices, m, rounding_mode="floor")
-    flat = torch.sort(rows * d + cols.reshape(-1)[top.indices]).values
+    vals, cols = torch.topk(a, m, dim=1)
+    vals = torch.relu(vals)
+    theta = torch.topk(vals.reshape(-1), n_keep).values[-1]
+    rows = torch.arange(B, device=a.device).unsqueeze(1).expand(B, m)
+    heavy = (vals[:, -1] >= theta) & (vals[:, -1] > 0) if m < d else torch.zeros_like(vals[:, -1], dtype=torch.bool)
+    if bool(heavy.any()):
+        light = ~heavy
+        hr = heavy.nonzero().squeeze(1)
+        r_h = torch.relu(a[hr])
+        hi, hc = (r_h >= theta).nonzero(as_tuple=True)
+        c_rows = torch.cat([rows[light].reshape(-1), hr[hi]])
+        c_cols = torch.cat([cols[light].reshape(-1), hc])
+        c_vals = torch.cat([vals[light].reshape(-1), r_h[hi, hc]])
+    else:
+        c_rows, c_cols, c_vals = rows.reshape(-1), cols.reshape(-1), vals.reshape(-1)
+    pick = torch.topk(c_vals, n_keep).indices
+    flat = torch.sort(c_rows[pick] * d + c_cols[pick]).values
     return torch.div(flat, d, rounding_mode="floor"), flat % d
 
 
@@ -291,14 +300,13 @@ class SparseAutoencoder(Featurizer):
                 idx = torch.topk(a, min(self.k, self.d_sae), dim=-1).indices
                 rows = offsets = None
             else:
-                r = torch.relu(a)
                 theta = self.batchtopk_threshold
                 if not self.training and float(theta) >= 0:
-                    rows, idx = (r > theta).nonzero(as_tuple=True)
+                    rows, idx = (a > theta).nonzero(as_tuple=True)  # ReLU(a) > θ ≥ 0
                 else:
-                    rows, idx = _batch_topk(r, min(self.k * r.shape[0], r.numel()), self.k)
-                offsets = torch.zeros(r.shape[0], dtype=torch.long, device=r.device)
-                offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=r.shape[0]), 0)[:-1]
+                    rows, idx = _batch_topk(a, min(self.k * a.shape[0], a.numel()), self.k)
+                offsets = torch.zeros(a.shape[0], dtype=torch.long, device=a.device)
+                offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=a.shape[0]), 0)[:-1]
         if self.sparse_decode:
             picked = a.detach().gather(-1, idx) if rows is None else a.detach()[rows, idx]
             pre = _SelectedPreacts.apply(xe, self.W_enc, self.b_enc, idx, offsets, picked)
@@ -337,7 +345,7 @@ class SparseAutoencoder(Featurizer):
         aux = zero
         if self.arch in TOPK_FAMILY:
             if self.arch == "batchtopk" and self.training:
-                self._update_batchtopk_threshold(z)
+                self._update_batchtopk_threshold(act.vals)  # the batch's non-zero codes (and zeros)
             if self.aux_coef > 0 and dead_mask is not None:
                 aux = self.auxk_loss(x, x_hat, a, dead_mask)
         if act is not None and self.sparse_decode:
@@ -349,8 +357,9 @@ class SparseAutoencoder(Featurizer):
         )
 
     @torch.no_grad()
-    def _update_batchtopk_threshold(self, z: Tensor) -> None:
-        pos = z[z > 0]
+    def _update_batchtopk_threshold(self, codes: Tensor) -> None:
+        """θ update (module docstring) from the minimum positive entry of ``codes``."""
+        pos = codes[codes > 0]
         if pos.numel() == 0:
             return
         m = pos.min().to(self.batchtopk_threshold.dtype)

@@ -449,16 +449,18 @@ def test_sparse_decode_is_the_default_for_the_topk_family():
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(1, 12), st.integers(1, 60), st.integers(1, 8), st.floats(0.0, 0.95))
 def test_batch_topk_selection_equals_flat_topk(seed, n, d, k, zero_frac):
-    """The candidate-based batch top-k keeps exactly the entries of a flat top-(k·B): rows of very
-    different scale force the doubling of the candidate count, zeros force ties at 0."""
+    """The candidate-based batch top-k keeps exactly the entries of a flat top-(k·B) of ReLU(a):
+    rows of very different scale hold more than 2k of them (the heavy-row path), negative
+    pre-activations force ties at 0."""
     from dictcheck.empirics.sae_models import _batch_topk
 
     k = min(k, d)
     g = torch.Generator().manual_seed(seed)
     r = torch.rand(n, d, generator=g, dtype=torch.float64) * torch.logspace(0, 6, n, dtype=torch.float64)[torch.randperm(n, generator=g)].unsqueeze(1)
-    r = torch.where(torch.rand(n, d, generator=g) < zero_frac, torch.zeros_like(r), r)
+    a = torch.where(torch.rand(n, d, generator=g) < zero_frac, -r, r)
+    r = torch.relu(a)
     n_keep = min(k * n, r.numel())
-    rows, cols = _batch_topk(r, n_keep, k)
+    rows, cols = _batch_topk(a, n_keep, k)
     assert rows.numel() == n_keep and bool((torch.diff(rows * d + cols) > 0).all())  # sorted, distinct
     ref = torch.topk(r.reshape(-1), n_keep)
     torch.testing.assert_close(torch.sort(r[rows, cols]).values, torch.sort(ref.values).values, rtol=0, atol=0)

@@ -367,7 +367,7 @@ def _guesses(rng, Z: np.ndarray):
     yield "half the support", torch.as_tensor(np.where(rng.random((d_z, N)) < 0.5, Z, 0.0))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(seeds, st.integers(2, 10), st.integers(2, 30), st.integers(1, 6), st.floats(1e-2, 1.0))
 def test_warm_start_never_changes_the_answer(seed, D, d_z, N, lam) -> None:
     W, X, b = _random_problem(seed, D, d_z, N, unit=bool(seed % 2))

@@ -77,6 +77,23 @@ def floor_seconds(W, Xc, repeats: int) -> float:
     return best_time(lambda: Xt @ Wt, repeats)[0]
 
 
+def with_setup_time(fn):
+    """(seconds, seconds spent in lasso_codes._make_ctx, result) of one call of fn, by cProfile
+    (a handful of profiled Python calls: negligible overhead)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    out = fn()
+    prof.disable()
+    t = time.perf_counter() - t0
+    setup = sum(ct for (_f, _l, name), (_cc, _nc, _tt, ct, _c) in pstats.Stats(prof).stats.items()
+                if name == "_make_ctx")
+    return t, setup, out
+
+
 # Stages of exact_codes for --profile: cProfile's cumulative time of these functions (both the
 # current solver and main's before issue 17 are covered; a missing function counts 0).
 STAGES = [
@@ -170,6 +187,41 @@ def fmt_s(x):
     return f"{x:.2f}" if x >= 1 else f"{x:.3f}"
 
 
+def large_lines(args) -> list[str]:
+    """The large problem (one batch of the next issue's check-sae run), ours alone: cold and
+    warm-started from the generating support; report lines."""
+    Wl, Xl, bl, Z0 = make_data(args.large_D, args.large_d_z, args.large_n, args.large_k, args.noise, seed=1)
+    runs = {}
+    for label, guess in (("cold", None), ("warm: generating support", Z0)):
+        t, t_setup, rl = with_setup_time(
+            lambda guess=guess: exact_codes(Wl, Xl, bl, args.large_lam, sparse_output=True, init=guess)
+        )
+        runs[label] = (t, t_setup, rl, kkt_violation(Wl, rl.Z, Xl, bl, args.large_lam))
+        print(f"large {label}: {t:.1f}s (setup {t_setup:.1f}s) kkt={runs[label][3]:.2e} "
+              f"L0={rl.mean_support:.1f} iters={rl.iterations}")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    lines = []
+    n_batches = args.large_total / args.large_n
+    lines.append(
+        f"Large problem, ours only (one batch of the next issue's check-sae run): "
+        f"N={args.large_n}, D={args.large_D}, d_z={args.large_d_z}, generating codes with "
+        f"k={args.large_k} atoms per point, λ={args.large_lam}, `sparse_output=True`. Setup = "
+        "validation and the Gram matrix WᵀW (`_make_ctx`, once per call, timed inside the same "
+        f"call by cProfile). Projection to {args.large_total} tokens in one call "
+        f"(= setup + {n_batches:.0f} × (time − setup)); peak RSS of the benchmark process "
+        f"{rss:.1f} GiB.\n"
+    )
+    lines.append("| start | time (s) | of which setup | KKT | mean L0 | checks | projected "
+                 f"{args.large_total} tokens (s) |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|")
+    for label, (t, t_setup, rl_, k_l) in runs.items():
+        proj = t_setup + n_batches * max(t - t_setup, 0.0)
+        lines.append(f"| {label} | {t:.1f} | {t_setup:.1f} | {k_l:.1e} | {rl_.mean_support:.1f} | "
+                     f"{rl_.iterations} | {proj:.0f} |")
+    lines.append("")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10_000)
@@ -186,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--large-lam", type=float, default=0.45)
     ap.add_argument("--large-total", type=int, default=100_000, help="tokens to project to")
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--large-only", action="store_true", help="only the large problem (prints, no writing)")
     ap.add_argument("--no-profile", action="store_true", help="skip the per-stage profile")
     ap.add_argument("--profile-module", default=None,
                     help="also profile this file's exact_codes (e.g. main's solvers/lasso_codes.py, "
@@ -204,6 +257,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     cmd = ".venv/bin/python " + " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:])
+    if args.large_only:
+        print(f"Command: `{cmd}`; load average {os.getloadavg()[0]:.2f}\n")
+        print("\n".join(large_lines(args)))
+        return
     load0 = os.getloadavg()
 
     import sklearn
@@ -292,22 +349,6 @@ def main(argv: list[str] | None = None) -> None:
                           np.count_nonzero(Z) / nl))
         print(f"sklearn lars n_jobs={nj} max_iter={mi}: {t:.3f}s on {nl} pts kkt={k:.2e}")
 
-    # ---- large problem (one batch of the next issue's check-sae run), ours alone -------------
-    large = None
-    if not args.skip_large:
-        Wl, Xl, bl, Z0 = make_data(args.large_D, args.large_d_z, args.large_n, args.large_k, args.noise, seed=1)
-        t_setup, _ = best_time(lambda: exact_codes(Wl, Xl[:, :1], bl, args.large_lam), 1)  # Gram WᵀW
-        runs = {}
-        for label, guess in (("cold", None), ("warm: generating support", Z0)):
-            t0 = time.perf_counter()
-            rl = exact_codes(Wl, Xl, bl, args.large_lam, sparse_output=True, init=guess)
-            t = time.perf_counter() - t0
-            runs[label] = (t, rl, kkt_violation(Wl, rl.Z, Xl, bl, args.large_lam))
-            print(f"large {label}: {t:.1f}s (setup {t_setup:.1f}s) kkt={runs[label][2]:.2e} "
-                  f"L0={rl.mean_support:.1f} iters={rl.iterations}")
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-        large = (t_setup, runs, rss)
-        del Wl, Xl, Z0
     # ---- per-stage profile (one thread) ------------------------------------------------------
     profiles = []
     if not args.no_profile:
@@ -400,26 +441,8 @@ def main(argv: list[str] | None = None) -> None:
                      "`positive=True`; they were clipped to 0 before measuring the KKT violation.")
     if negatives:
         lines.append("")
-    if large is not None:
-        t_setup, runs, rss = large
-        n_batches = args.large_total / args.large_n
-        lines.append(
-            f"Large problem, ours only (one batch of the next issue's check-sae run): "
-            f"N={args.large_n}, D={args.large_D}, d_z={args.large_d_z}, generating codes with "
-            f"k={args.large_k} atoms per point, λ={args.large_lam}, `sparse_output=True`. Setup "
-            f"(validation and the Gram matrix WᵀW, once per call: `exact_codes` on one point) "
-            f"{t_setup:.1f} s. Projection to {args.large_total} tokens in one call "
-            f"(= setup + {n_batches:.0f} × (time − setup)); peak RSS of the benchmark process "
-            f"{rss:.1f} GiB.\n"
-        )
-        lines.append("| start | time (s) | of which setup | KKT | mean L0 | checks | projected "
-                     f"{args.large_total} tokens (s) |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|")
-        for label, (t, rl_, k_l) in runs.items():
-            proj = t_setup + n_batches * max(t - t_setup, 0.0)
-            lines.append(f"| {label} | {t:.1f} | {t_setup:.1f} | {k_l:.1e} | {rl_.mean_support:.1f} | "
-                         f"{rl_.iterations} | {proj:.0f} |")
-        lines.append("")
+    if not args.skip_large:
+        lines += large_lines(args)
     lines.append(NOTES + "\n")
     text = "\n".join(lines)
     print("\n" + text)

@@ -199,12 +199,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--archs", default="relu,topk,batchtopk", help="comma-separated subset to time")
+    p.add_argument("--profile", default=None, metavar="ARCH",
+                   help="instead: torch.profiler table of two ours-sparse steps of ARCH on one thread")
     p.add_argument("--quick", action="store_true", help="small shapes, 1 round (smoke run)")
     a = p.parse_args(argv)
     if a.quick:
         a.d_in, a.d_sae, a.batch, a.steps, a.warmup, a.rounds = 64, 512, 512, 3, 1, 1
 
-    torch.set_num_threads(a.threads)
+    torch.set_num_threads(1 if a.profile else a.threads)
     torch.manual_seed(0)
     lr = 2e-4 / (a.d_sae / 2**14) ** 0.5  # default_lr; same for both (the lr does not change the cost)
     gen = torch.Generator().manual_seed(0)
@@ -215,6 +217,16 @@ def main(argv: list[str] | None = None) -> None:
           f"{a.rounds} interleaved rounds (median)")
     print(f"# python {platform.python_version()}, torch {torch.__version__}, sae-lens {_version('sae-lens')}, "
           f"{platform.machine()} {os.cpu_count()} CPUs, {platform.processor() or platform.platform()}")
+
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        step = make_ours(a.profile, "sparse", a.d_in, a.d_sae, a.k, lr)
+        time_steps(step, batches, a.warmup, 1)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            time_steps(step, batches, 0, 2)
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=30))
+        return
 
     contenders: list[tuple[str, str, str, object]] = [
         ("ours", "relu", "dense", make_ours),

@@ -8,6 +8,8 @@ and shapes: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in
 are the atoms; the theory's dictionary is W = W_decᵀ (D × d_z).
 
 Pre-activation: a = (x − b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc. Decoder: x̂ = z @ W_dec + b_dec.
+The TopK family computes the same x̂ (and the same gradients) from its ≤ k active latents per token
+(:class:`ActiveLatents`, ``sparse_decode`` = True by default): O(B·k·d_in) instead of O(B·d_sae·d_in).
 
 Per-arch codes and losses (every loss is a mean over the B tokens; ``mse`` = (1/B) Σ_t ‖x_t − x̂_t‖²,
 the ecosystem ``mse``):

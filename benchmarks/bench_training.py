@@ -14,21 +14,30 @@ is timed and the reason is printed.
 
 Setup (issue: d_in = 512, d_sae = 4096, batch 4096, float32, torch threads = 2):
 
-* **ours relu**: ``make_sae("relu", d_in, d_sae, lam=LAM)``; **ours topk**: ``make_sae("topk", ...,
-  k=32)`` (aux_coef = 0, the option's default). One step is exactly the loop body of
+* **ours relu**: ``make_sae("relu", d_in, d_sae, lam=LAM)``; **ours topk** / **ours batchtopk**:
+  ``make_sae("topk" | "batchtopk", ..., k=32)`` (aux_coef = 0, the option's default), each in two
+  variants: ``sparse`` (the default: gathered decode and sparse encoder backward,
+  ``empirics.sae_models.ActiveLatents``) and ``dense`` (``sparse_decode = False``: z @ W_dec and
+  autograd through the dense pre-activation; same numbers). One step is exactly the loop body of
   ``empirics.training.train`` minus the batch gather: set the lr, ``forward``, ``zero_grad``,
   ``backward``, ``remove_parallel_grad_()``, ``clip_grad_norm_(…, 1.0)``, Adam ``step``,
   ``normalise_decoder_()``, and the dead-latent counter update.
 * **SAELens standard**: ``StandardTrainingSAE(StandardTrainingSAEConfig(d_in, d_sae,
   l1_coefficient=LAM))``; **SAELens topk**: ``TopKTrainingSAE(TopKTrainingSAEConfig(d_in, d_sae,
   k=32))`` (its defaults otherwise: decoder_init_norm 0.1, rescale_acts_by_decoder_norm True,
-  dense activations, aux_loss_coefficient 1). One step is the body of SAELens's
+  dense activations, aux_loss_coefficient 1), and the same with ``use_sparse_activations=True``
+  (its COO sparse decode, variant ``sparse``); **SAELens batchtopk**:
+  ``BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(d_in, d_sae, k=32))``. One step is the body of SAELens's
   ``SAETrainer._train_step``: ``training_forward_pass(TrainStepInput(...))`` with the trainer's
   dead-neuron mask, its firing statistics, ``backward``, ``clip_grad_norm_(…, 1.0)``,
   ``torch.optim.Adam`` step, ``zero_grad`` (the lr-scheduler step, a scalar update, is omitted;
   no autocast, as on CPU float32). SAELens does not constrain decoder norms during training (its
   L1 term and TopK selection multiply by ‖W_dec row‖ instead), so it has no counterpart of our
   remove_parallel_grad_/normalise_decoder_.
+
+* **floor**: the encoder GEMM (batch × d_in)·(d_in × d_sae), the one dense product the sparse
+  TopK step cannot avoid, timed in the same rounds (best of 5 per round); the dense step does 6 of
+  these products (encoder, decoder, and their backward products), so its floor is 6× this.
 
 Data: random Gaussian activations, a pool of 4 fixed batches (same for both), cycled; no data
 loading is timed. Timing: per contender, ``--warmup`` untimed steps then ``--steps`` timed steps
@@ -62,6 +71,7 @@ try:  # optional competitor
     from sae_lens.saes.sae import TrainStepInput
     from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
     from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+    from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
 
     SAELENS_ERROR: str | None = None
 except Exception as exc:  # noqa: BLE001 - report any import failure and carry on with ours
@@ -78,9 +88,10 @@ def _version(pkg: str) -> str:
 
 
 # --------------------------------------------------------------------------- ours
-def make_ours(arch: str, d_in: int, d_sae: int, k: int, lr: float):
-    kw = {"k": k} if arch == "topk" else {"lam": LAM}
+def make_ours(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: float):
+    kw = {"k": k} if arch in ("topk", "batchtopk") else {"lam": LAM}
     model = make_sae(arch, d_in, d_sae, seed=0, **kw)
+    model.sparse_decode = variant == "sparse"
     with torch.no_grad():
         model.normalise_decoder_()  # as train() does at init
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -107,10 +118,16 @@ def make_ours(arch: str, d_in: int, d_sae: int, k: int, lr: float):
 
 
 # --------------------------------------------------------------------------- SAELens
-def make_saelens(arch: str, d_in: int, d_sae: int, k: int, lr: float):
+def make_saelens(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: float):
     if arch == "topk":
-        sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=k, dtype="float32", device="cpu"))
+        sae = TopKTrainingSAE(TopKTrainingSAEConfig(
+            d_in=d_in, d_sae=d_sae, k=k, dtype="float32", device="cpu",
+            use_sparse_activations=variant == "sparse",
+        ))
         coeffs: dict[str, float] = {}
+    elif arch == "batchtopk":
+        sae = BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=k, dtype="float32", device="cpu"))
+        coeffs = {}
     else:
         sae = StandardTrainingSAE(
             StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae, l1_coefficient=LAM, dtype="float32", device="cpu")
@@ -181,12 +198,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--archs", default="relu,topk,batchtopk", help="comma-separated subset to time")
+    p.add_argument("--profile", default=None, metavar="ARCH",
+                   help="instead: torch.profiler table of two ours-sparse steps of ARCH on one thread")
     p.add_argument("--quick", action="store_true", help="small shapes, 1 round (smoke run)")
     a = p.parse_args(argv)
     if a.quick:
         a.d_in, a.d_sae, a.batch, a.steps, a.warmup, a.rounds = 64, 512, 512, 3, 1, 1
 
-    torch.set_num_threads(a.threads)
+    torch.set_num_threads(1 if a.profile else a.threads)
     torch.manual_seed(0)
     lr = 2e-4 / (a.d_sae / 2**14) ** 0.5  # default_lr; same for both (the lr does not change the cost)
     gen = torch.Generator().manual_seed(0)
@@ -198,42 +218,104 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# python {platform.python_version()}, torch {torch.__version__}, sae-lens {_version('sae-lens')}, "
           f"{platform.machine()} {os.cpu_count()} CPUs, {platform.processor() or platform.platform()}")
 
-    contenders: list[tuple[str, str, object]] = [
-        ("ours", "relu", make_ours),
-        ("ours", "topk", make_ours),
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        step = make_ours(a.profile, "sparse", a.d_in, a.d_sae, a.k, lr)
+        time_steps(step, batches, a.warmup, 1)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            time_steps(step, batches, 0, 2)
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=30))
+        return
+
+    contenders: list[tuple[str, str, str, object]] = [
+        ("ours", "relu", "dense", make_ours),
+        ("ours", "topk", "dense", make_ours),
+        ("ours", "topk", "sparse", make_ours),
+        ("ours", "batchtopk", "dense", make_ours),
+        ("ours", "batchtopk", "sparse", make_ours),
     ]
     if SAELENS_ERROR is None:
-        contenders += [("SAELens", "relu", make_saelens), ("SAELens", "topk", make_saelens)]
+        contenders += [
+            ("SAELens", "relu", "dense", make_saelens),
+            ("SAELens", "topk", "dense", make_saelens),
+            ("SAELens", "topk", "sparse", make_saelens),
+            ("SAELens", "batchtopk", "dense", make_saelens),
+        ]
     else:
         print(f"# SAELens skipped: {SAELENS_ERROR}")
+    archs = a.archs.split(",")
+    contenders = [c for c in contenders if c[1] in archs]
 
-    rates: dict[tuple[str, str], list[float]] = {(lib, arch): [] for lib, arch, _ in contenders}
+    xg = batches[0]
+    w_enc = torch.randn(a.d_in, a.d_sae, generator=gen, dtype=torch.float32)
+
+    def gemm_seconds() -> float:
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            xg @ w_enc
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    keys = [(lib, arch, var) for lib, arch, var, _ in contenders] + [("floor", "GEMM", "")]
+    rates: dict[tuple[str, str, str], list[float]] = {key: [] for key in keys}
+    failed: dict[tuple[str, str, str], str] = {}
     for r in range(a.rounds):
-        for lib, arch, factory in contenders:
-            step = factory(arch, a.d_in, a.d_sae, a.k, lr)
-            dt = time_steps(step, batches, a.warmup, a.steps)
+        for lib, arch, var, factory in contenders:
+            if (lib, arch, var) in failed:
+                continue
+            try:
+                step = factory(arch, var, a.d_in, a.d_sae, a.k, lr)
+                dt = time_steps(step, batches, a.warmup, a.steps)
+            except Exception as exc:  # noqa: BLE001 - a competitor's failure is a result
+                failed[(lib, arch, var)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                print(f"#   {lib} {arch} {var} failed: {failed[(lib, arch, var)]}", flush=True)
+                continue
             rate = a.steps * a.batch / dt
-            rates[(lib, arch)].append(rate)
-            print(f"#   round {r + 1}: {lib:8s} {arch:5s} {dt / a.steps * 1e3:8.1f} ms/step  {rate:10.0f} tokens/s",
-                  flush=True)
+            rates[(lib, arch, var)].append(rate)
+            print(f"#   round {r + 1}: {lib:8s} {arch:9s} {var:6s} {dt / a.steps * 1e3:8.1f} ms/step  "
+                  f"{rate:10.0f} tokens/s", flush=True)
             del step
+        g = gemm_seconds()
+        rates[("floor", "GEMM", "")].append(a.batch / g)
+        print(f"#   round {r + 1}: encoder GEMM {g * 1e3:8.1f} ms  {a.batch / g:10.0f} tokens/s", flush=True)
 
-    names = {"relu": "ReLU/L1 (SAELens: standard)", "topk": f"TopK k={a.k}"}
+    keys = [key for key in keys if rates[key]]
+    names = {"relu": "ReLU/L1 (SAELens: standard)", "topk": f"TopK k={a.k}", "batchtopk": f"BatchTopK k={a.k}",
+             "GEMM": "encoder GEMM alone (floor of the sparse step)"}
+    med = {key: statistics.median(v) for key, v in rates.items() if v}
     print()
-    print("| architecture | library | ms/step (median) | tokens/s (median) | tokens/s (min–max over rounds) |")
+    print("| architecture | library | variant | ms/step (median) | tokens/s (median) | tokens/s (min–max over rounds) |")
+    print("|---|---|---|---|---|---|")
+    for key in keys:
+        lib, arch, var = key
+        rs = rates[key]
+        print(f"| {names[arch]} | {lib} | {var} | {a.batch / med[key] * 1e3:.1f} | {med[key]:,.0f} | "
+              f"{min(rs):,.0f}–{max(rs):,.0f} |")
+    for (lib, arch, var), msg in failed.items():
+        print(f"\n{lib} {arch} ({var}) failed in every round: {msg}")
+    floor = rates[("floor", "GEMM", "")]
+    print()
+    print("| architecture | ours variant | vs SAELens default (median, per round) | vs fastest SAELens variant | "
+          "ours step ÷ floor (floor: 1 encoder GEMM sparse, 6 GEMMs dense; per round) |")
     print("|---|---|---|---|---|")
-    for lib, arch, _ in contenders:
-        rs = rates[(lib, arch)]
-        med = statistics.median(rs)
-        print(f"| {names[arch]} | {lib} | {a.batch / med * 1e3:.1f} | {med:,.0f} | {min(rs):,.0f}–{max(rs):,.0f} |")
-    if SAELENS_ERROR is None:
-        print()
-        print("| architecture | ratio ours / SAELens tokens/s (median rounds) | per round |")
-        print("|---|---|---|")
-        for arch in ("relu", "topk"):
-            o, s = rates[("ours", arch)], rates[("SAELens", arch)]
-            per = ", ".join(f"{x / y:.2f}" for x, y in zip(o, s))
-            print(f"| {names[arch]} | {statistics.median(o) / statistics.median(s):.2f}× | {per} |")
+    for arch in ("relu", "topk", "batchtopk"):
+        for var in ("dense", "sparse"):
+            o = rates.get(("ours", arch, var))
+            if not o:
+                continue
+            n_gemm = 1 if var == "sparse" else 6
+            fl = ", ".join(f"{f / n_gemm / x:.2f}" for x, f in zip(o, floor))
+            cells = ["–", "–"]
+            if SAELENS_ERROR is None:
+                s_def = rates[("SAELens", arch, "dense")]
+                per = ", ".join(f"{x / y:.2f}" for x, y in zip(o, s_def))
+                cells[0] = f"{statistics.median(o) / statistics.median(s_def):.2f}× ({per})"
+                best = max(statistics.median(v) for (lib, ar, _), v in rates.items() if lib == "SAELens" and ar == arch and v)
+                cells[1] = f"{statistics.median(o) / best:.2f}×"
+            ratio_floor = statistics.median(floor) / n_gemm / statistics.median(o)
+            print(f"| {names[arch]} | {var} | {cells[0]} | {cells[1]} | {ratio_floor:.2f} ({fl}) |")
 
 
 if __name__ == "__main__":

@@ -25,20 +25,26 @@ Algorithm (``exact_codes``)
 Write G = WᵀW and c_i = Wᵀx̃_i. Up to a constant, (P_i)/2 is the non-negative quadratic program
 min_{z≥0} ½ zᵀGz − q_iᵀz with q_i = c_i − λ1, and g_i = q_i − G z_i = Wᵀr_i − λ1 is the
 quantity (KKT-z) constrains (g = 0 on the support, g ≤ 0 off it). Points are processed in
-batches: one matmul X̃ᵀW per batch gives q, then every step works on the (d_z+1)² Gram matrix
-(a zero "null atom" pads index sets to a common width) and on each point's guessed support F,
-held as a padded index set; small systems are grouped in chunks of similar width.
+batches: one matmul X̃ᵀW per batch gives q (float64: the one product no exact method avoids),
+then every step works on the (d_z+1)² Gram matrix (a zero "null atom" pads index sets to a common
+width; built once per call, in mirrored blocks) and on each point's guessed support F, held as a
+padded index set; small systems are grouped in chunks of similar width.
 
 Phase A (almost every point). Principal pivoting / semismooth Newton on all atoms with limited
-additions (primal–dual active set). Start from F = the k₀ atoms with the largest q > 0 (k₀
-learnt from the supports of earlier batches). Each step solves G_FF z_F = q_F (batched
-Cholesky), computes the full gradient g = q − Gz for all atoms (sparse codes times G, or
-(sparse codes times Wᵀ) times W when that is cheaper), and checks (KKT-z): a point is done when
-z ≥ 0 and the relative violation is ≤ tol. Otherwise the members with z < 0 leave F and the
-atoms with the largest g > 0 enter (at most max(8, ⌈|F|/4⌉), keeping |F| ≤ min(D, d_z)).
-A point whose only defect is accuracy on F gets a Newton refinement z_F += G_FF⁻¹ g_F. With
-random dictionaries a point needs about 4–5 solves. Pivoting can cycle, so a point whose
-count of infeasible indices stalls for 5 steps (or is still open after 30) goes to phase B.
+additions (primal–dual active set). Start from a guessed support F: the warm start's (``init``),
+otherwise F = ∅, z = 0. Each step solves G_FF z_F = q_F (batched Cholesky), which also gives the
+exact gradient on F, g_F = q_F − G_FF z_F, and checks (KKT-z) off F with a *screened* gradient:
+g̃ = q − Gz computed in float32 (sparse codes times the float32 Gram matrix, or the residual
+route) with a rigorous bound B_i on its rounding error (``_screen_bound``: the standard
+dot-product error bound, Higham §3.1). An atom with g̃ − B > eps certainly violates; when a point
+has none and z_F ≥ 0, every atom with g̃ > −B is re-evaluated exactly in float64 (the others
+have g ≤ 0 for certain), so the violation recorded is exact, never assumed. A point is done when
+z ≥ 0 and the relative violation is ≤ tol. Otherwise the members with z < 0 leave F and the atoms
+with the largest g̃ > eps enter (at most max(8, ⌈|F|/4⌉), keeping |F| ≤ min(D, d_z)). A point
+whose only defect is accuracy on F gets a Newton refinement z_F += G_FF⁻¹ g_F. With random
+dictionaries a point needs about 4–6 solves from the cold start, one from its exact support.
+Pivoting can cycle, so a point whose total violation Σ(g̃)₊ + Σ(−z)₊ stalls for 5 steps (or is
+still open after 30) goes to phase B.
 
 Phase B (finite termination when atoms are independent). Working sets: solve the problem
 restricted to the working set exactly by block principal pivoting (Júdice & Pires 1994; Kim &
@@ -52,8 +58,9 @@ scipy's Lawson–Hanson NNLS on the least-distance dual: the optimal residual is
 of x̃ onto {r : Wᵀr ≤ λ1}; min ‖u‖ s.t. −Wᵀu ≥ q (u = r − x̃) is solved through
 min_{w≥0} ‖[−W; qᵀ] w − e_{D+1}‖, and z = w / (1 − qᵀw) (Lawson & Hanson 1974, ch. 23).
 
-Every reported violation is measured with the final codes (g recomputed in the working dtype),
-never assumed. The result is exact up to rounding: typically 1e-13 to 1e-15 for phases A and
+Every reported violation is measured with the final codes (exactly in the working dtype where it
+can be positive; the float32 screen only certifies atoms whose g is ≤ 0 with its rounding
+bound), never assumed. The result is exact up to rounding: typically 1e-13 to 1e-15 for phases A and
 B, ~1e-11 for phase C. Runs in float64 by default; ``device`` may name a CUDA device (written
 for it, tested on CPU only; phase C always runs on the CPU).
 """
@@ -245,23 +252,29 @@ _ADD_FRAC = 0.25
 _PHASE_B_ITERS = 10
 # Phase A hands a point to phase B when its count of infeasible indices stalls this long.
 _STALL = 5
-# Initial support guess width before anything is learnt, and the pilot that learns it.
-_K0_DEFAULT = 32
-_PILOT = 256
 # Chunks of (n, k, k) systems: at most this many entries, similar widths (see _chunks).
 _CHUNK_ENTRIES = 1 << 20
 _CHUNK_SLACK = 0.1
 _CHUNK_MIN = 128
+# Gram matrix blocks (atoms per block) in _make_ctx.
+_GRAM_BLOCK = 2048
 
 
 @dataclass
 class _Ctx:
     """Per-call constants. ``Gz`` is the Gram matrix with a zero row and column appended: index
-    d_z is the *null atom* used to pad working sets to a common width."""
+    d_z is the *null atom* used to pad working sets to a common width. ``Gs``, ``Ws``, ``WTs``
+    are the copies used for screened gradients (float32 when ``u_screen`` > 0, else the working
+    tensors themselves); ``u_screen`` is their unit roundoff (0: screening is exact)."""
 
     W: torch.Tensor  # (D, d_z)
     WT: torch.Tensor  # (d_z, D), contiguous
     Gz: torch.Tensor  # (d_z + 1, d_z + 1)
+    Gs: torch.Tensor  # (d_z, d_z)
+    Ws: torch.Tensor  # (D, d_z)
+    WTs: torch.Tensor  # (d_z, D)
+    u_screen: float
+    cmax2: float  # largest squared atom norm
     lam: float
     tol: float
     eps: float  # absolute tolerance on g = Wᵀr − λ off the support inside the solvers
@@ -284,21 +297,65 @@ class _Ctx:
         return self.Gz[: self.d_z, : self.d_z]
 
 
-def _gram_product(ctx: _Ctx, idx: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
+def _make_ctx(Wn: NDArray, lam: float, tol: float, dev: torch.device, dtype: torch.dtype) -> _Ctx:
+    """Per-call constants for the dictionary Wn (D, d_z) (see :class:`_Ctx`).
+
+    The Gram matrix is built in blocks of _GRAM_BLOCK atoms, upper blocks only and mirrored, so
+    it is exactly symmetric, costs half a GEMM and needs no full-size temporary (d_z = 16384:
+    2 GiB in float64). Screened gradients run in float32 with rigorous rounding bounds
+    (:func:`_screen_bound`) when the working dtype is float64 and float32 products are true
+    IEEE float32 products (no TF32 / bf16 shortcuts, which torch allows below the "highest"
+    matmul precision); otherwise the screening copies are the working tensors (bound 0).
+    """
+    D, d_z = Wn.shape
+    Wt = torch.as_tensor(Wn, device=dev).to(dtype)  # (D, d_z)
+    Gz = torch.zeros(d_z + 1, d_z + 1, dtype=dtype, device=dev)
+    for i in range(0, d_z, _GRAM_BLOCK):
+        ie = min(d_z, i + _GRAM_BLOCK)
+        for j in range(i, d_z, _GRAM_BLOCK):
+            je = min(d_z, j + _GRAM_BLOCK)
+            blk = Wt[:, i:ie].T @ Wt[:, j:je]
+            if i == j:
+                blk = 0.5 * (blk + blk.T)
+            Gz[i:ie, j:je] = blk
+            Gz[j:je, i:ie] = blk.T
+    screen = dtype == torch.float64 and torch.get_float32_matmul_precision() == "highest"
+    if dev.type == "cuda":
+        screen = screen and not torch.backends.cuda.matmul.allow_tf32
+    WT = Wt.T.contiguous()
+    if screen:
+        Gs, Ws, WTs = Gz[:d_z, :d_z].float(), Wt.float(), WT.float()
+    else:
+        Gs, Ws, WTs = Gz[:d_z, :d_z], Wt, WT
+    return _Ctx(
+        W=Wt, WT=WT, Gz=Gz, Gs=Gs, Ws=Ws, WTs=WTs,
+        u_screen=2.0**-24 if screen else 0.0,
+        cmax2=float(np.max(np.sum(Wn * Wn, axis=0))),
+        lam=lam, tol=tol, eps=0.5 * tol * lam,
+    )
+
+
+def _gram_product(
+    ctx: _Ctx, idx: torch.Tensor, val: torch.Tensor, screen: bool = False
+) -> tuple[torch.Tensor, int]:
     """(G z_i)_i for codes in padded form: atom indices idx (n, K) (null = d_z, each row sorted
-    ascending) and values val.
+    ascending) and values val; with ``screen`` in the screening precision (``ctx.Gs``…).
 
     Three routes, chosen by a cost model measured on a 2-core CPU: sparse codes times the Gram
     matrix (reads one Gram row per non-zero: ~1 ns per entry while G fits in cache, ~2 ns
     beyond); the residual route (sparse codes times Wᵀ, then a dense GEMM with W: 2·D·d_z
     flops per point); or dense codes times G (d_z² flops per point) when d_z ≤ 2D.
+    Returns the product and the number of terms n_t each of its entries sums in floating point
+    (K, K + D or d_z), which :func:`_screen_bound` needs.
     """
-    n = idx.shape[0]
+    n, K = idx.shape
     d_z, D = ctx.d_z, ctx.D
+    G, W, WT = (ctx.Gs, ctx.Ws, ctx.WTs) if screen else (ctx.G, ctx.W, ctx.WT)
+    val = val.to(G.dtype)
     nz = (idx < d_z) & (val != 0)
     nnz = int(nz.sum())
     if nnz == 0:
-        return torch.zeros(n, d_z, dtype=val.dtype, device=val.device)
+        return torch.zeros(n, d_z, dtype=G.dtype, device=val.device), 0
     per_entry = 2 if 8 * d_z * d_z > (16 << 20) else 1
     gram_route = nnz * 20 * per_entry < n * min(4 * D, 2 * d_z)
     if gram_route or 2 * D < d_z:
@@ -314,21 +371,74 @@ def _gram_product(ctx: _Ctx, idx: torch.Tensor, val: torch.Tensor) -> torch.Tens
                 crow, idx[r, c], val[r, c], size=(n, d_z), check_invariants=False
             )
         if gram_route:
-            return torch.sparse.mm(Zs, ctx.G)
-        return torch.sparse.mm(Zs, ctx.WT) @ ctx.W  # (W z_i)ᵀ rows, then Wᵀ(W z_i)
-    Zd = torch.zeros(n, d_z + 1, dtype=val.dtype, device=val.device)
+            return torch.sparse.mm(Zs, G), K
+        return torch.sparse.mm(Zs, WT) @ W, K + D  # (W z_i)ᵀ rows, then Wᵀ(W z_i)
+    Zd = torch.zeros(n, d_z + 1, dtype=G.dtype, device=val.device)
     # scatter_add: the padding slots (value 0) never overwrite a real entry
     Zd.scatter_add_(1, idx, torch.where(nz, val, torch.zeros_like(val)))
-    return Zd[:, :d_z] @ ctx.G
+    return Zd[:, :d_z] @ G, d_z
 
 
 def _gradient(ctx: _Ctx, Q: torch.Tensor, F: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """g = q − Gz = Wᵀr − λ1 per row, as (m, d_z + 1) with −inf in the null column."""
     m = Q.shape[0]
     g = torch.empty(m, ctx.d_z + 1, dtype=Q.dtype, device=Q.device)
-    torch.sub(Q, _gram_product(ctx, F, z), out=g[:, : ctx.d_z])
+    torch.sub(Q, _gram_product(ctx, F, z)[0], out=g[:, : ctx.d_z])
     g[:, ctx.d_z] = -math.inf
     return g
+
+
+def _screen_bound(ctx: _Ctx, n_terms: int, z: torch.Tensor, qmax: torch.Tensor) -> torch.Tensor:
+    """Rigorous bound B_i ≥ |g̃_id − g_id| for every atom d of the screened gradient of a row.
+
+    g̃ = fl(fl(q) − fl(Gz)) with q, G, z rounded to the screening precision (unit roundoff u) and
+    each entry of Gz a sum of n_t products. The standard dot-product bound (Higham, *Accuracy
+    and Stability of Numerical Algorithms*, §3.1, any summation order, with or without FMA),
+    |fl(Σ a_j b_j) − Σ a_j b_j| ≤ γ_{n+2} Σ |a_j b_j| with γ_m = m u / (1 − m u) (the +2 covers
+    rounding the two inputs), and Σ_j |G_dj| z_j ≤ ‖w_d‖ max_j‖w_j‖ ‖z‖₁ ≤ c² ‖z‖₁ (also for
+    the residual route, whose two products nest: γ_K + γ_D + γ_Kγ_D ≤ γ_{K+D}), give
+    |g̃_d − g_d| ≤ γ_{n_t+2} c²‖z‖₁ + u|q_d| + u|g̃_d| ≤ (γ_{n_t+2} + 2u)(c²‖z‖₁ + max_d|q_d|)
+    to first order; the factor 2 returned covers the second-order terms with a wide margin, and
+    (n_t + 4)·2⁻¹⁴⁹ the absolute error of gradual underflow (the model above assumes none).
+    Overflow gives inf or nan in g̃, which no test below passes (such rows reach the exact
+    phase B). 0 when screening is exact (``u_screen`` = 0).
+    """
+    u = ctx.u_screen
+    if u == 0.0:
+        return torch.zeros(z.shape[0], dtype=qmax.dtype, device=z.device)
+    m = n_terms + 2
+    gamma = m * u / (1.0 - m * u)
+    l1 = z.abs().sum(dim=1).to(qmax.dtype)
+    return 2.0 * (gamma + 2.0 * u) * (ctx.cmax2 * l1 + qmax) + (m + 2) * 2.0**-149
+
+
+def _screened_gradient(
+    ctx: _Ctx, Qs: torch.Tensor, qmax: torch.Tensor, F: torch.Tensor, z: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Screened gradient g̃ ≈ q − Gz of rows (F, z) with the bound B of :func:`_screen_bound`.
+
+    Returns (g̃, B): g̃ (m, d_z + 1) in the screening precision with −inf on the members of F
+    and in the null column (the off-support view used to find violators), B (m,) with
+    |g̃_id − g_id| ≤ B_i for every atom off F.
+    """
+    S, n_terms = _gram_product(ctx, F, z, screen=True)
+    g = torch.empty(F.shape[0], ctx.d_z + 1, dtype=S.dtype, device=S.device)
+    torch.sub(Qs, S, out=g[:, : ctx.d_z])
+    del S
+    g[:, ctx.d_z] = -math.inf
+    g.scatter_(1, F, -math.inf)
+    return g, _screen_bound(ctx, n_terms, z, qmax)
+
+
+def _exact_gradient_at(
+    ctx: _Ctx, Q: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, F: torch.Tensor,
+    z: torch.Tensor,
+) -> torch.Tensor:
+    """g = q_{rows, cols} − Σ_k G[cols, F_k] z_k in the working dtype, one value per pair; Q is
+    (n, d_z) and the codes (F, z) have one row per pair."""
+    stride = ctx.d_z + 1
+    Gp = ctx.Gz.reshape(-1).index_select(0, (cols.unsqueeze(1) * stride + F).reshape(-1))
+    return Q[rows, cols] - (Gp.reshape(F.shape) * z).sum(dim=1)
 
 
 def _pinv_solve(M: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
@@ -478,49 +588,99 @@ class _Results:
 # --------------------------------------------------------------------------------------------
 
 
-def _phase_a(ctx: _Ctx, Q: torch.Tensor, m0: int, T: int, res: _Results):
+def _solve_sets(ctx: _Ctx, Q0: torch.Tensor, rows: torch.Tensor, F: torch.Tensor,
+                refine: torch.Tensor, z_old: torch.Tensor, gF_old: torch.Tensor):
+    """z_F = G_FF⁻¹ q_F per row (Cholesky, chunks of similar width), or for the rows marked
+    ``refine`` (F unchanged) the Newton step z ← z_old + G_FF⁻¹ g_F(z_old). Also returns the
+    exact gradient on F, g_F = q_F − G_FF z_F (0 in null slots). Q0 is q with a zero null
+    column, rows the rows of Q0 that the rows of F belong to."""
+    null = ctx.d_z
+    m, K = F.shape
+    z = torch.zeros(m, K, dtype=Q0.dtype, device=Q0.device)
+    gF = torch.zeros_like(z)
+    any_ref = bool(refine.any())
+    flat_rows = rows * (null + 1)
+    for sel, k in _chunks((F < null).sum(dim=1)):
+        Fc = F[sel, :k]
+        M = _gather_systems(ctx, Fc)
+        q = torch.take(Q0, flat_rows[sel].unsqueeze(1) + Fc)
+        rf = refine[sel] if any_ref else None
+        if rf is not None and bool(rf.any()):
+            rhs = torch.where(rf.unsqueeze(1), gF_old[sel, :k], q)
+            zc = _spd_solve(M, rhs)[0]
+            zc = torch.where(rf.unsqueeze(1), z_old[sel, :k] + zc, zc)
+        else:
+            zc = _spd_solve(M, q)[0]
+        zc = torch.where(Fc < null, zc, torch.zeros_like(zc))
+        z[sel, :k] = zc
+        gF[sel, :k] = q - (M @ zc.unsqueeze(-1)).squeeze(-1)
+    return z, gF
+
+
+def _phase_a(
+    ctx: _Ctx, Q: torch.Tensor, Qs: torch.Tensor, qmax: torch.Tensor, F: torch.Tensor, T: int,
+    res: _Results,
+):
     """Semismooth-Newton / principal pivoting on all atoms, adding few violators per step.
 
-    State: a guessed support F per point and z_F = G_FF⁻¹ q_F (z may be negative). Each step
-    checks (KKT-z) with the full gradient g = q − Gz, drops F-members with z < 0 and adds the
-    atoms with the largest g > 0 (at most max(8, |F|/4), m0 at the first step, keeping
-    |F| ≤ min(D, d_z)). Points whose only defect is accuracy on the support get a Newton
-    refinement step on the same F. A point whose number of infeasible indices has not improved
-    for ``_STALL`` steps (cycling) is handed to phase B, as is every point left after T checks.
+    State: a guessed support F per point (padded, sorted; the initial guess F0 is given) and
+    z_F = G_FF⁻¹ q_F (z may be negative), with g_F = q_F − G_FF z_F exact. Each step checks
+    (KKT-z) off F with the screened gradient g̃ and its bound B (:func:`_screened_gradient`):
+    a point with an atom at g̃ − B > eps certainly violates; for the others every atom with
+    g̃ > −B is evaluated exactly (the rest have g ≤ 0 for certain), so the violation recorded
+    is exact. Then F-members with z < 0 leave F and the atoms with the largest g̃ > eps enter
+    (at most max(8, |F|/4), keeping |F| ≤ min(D, d_z)). Points whose only defect is accuracy
+    on the support get a Newton refinement step on the same F. A point whose total violation
+    Σ(g̃)₊ + Σ(−z)₊ has not reached a new minimum for ``_STALL`` steps (cycling) is handed to
+    phase B, as is every point left after T checks.
     Returns ([(pts, F, z), ...] handed over, number of checks used).
     """
     null = ctx.d_z
     n = Q.shape[0]
     dev, dt = Q.device, Q.dtype
-    zcol = torch.zeros(n, 1, dtype=dt, device=dev)
-    Q0 = torch.cat([Q, zcol], dim=1)  # null atom → rhs 0
+    Q0 = torch.cat([Q, torch.zeros(n, 1, dtype=dt, device=dev)], dim=1)  # null atom → rhs 0
     pts = torch.arange(n, device=dev)
-    F = torch.full((n, 1), null, dtype=torch.long, device=dev)
-    z = torch.zeros(n, 1, dtype=dt, device=dev)
-    g = torch.cat([Q, torch.full((n, 1), -math.inf, dtype=dt, device=dev)], dim=1)
-    best = torch.full((n,), 1 << 62, dtype=torch.long, device=dev)
+    refine = torch.zeros(n, dtype=torch.bool, device=dev)
+    z_old = gF_old = None
+    best = torch.full((n,), math.inf, dtype=dt, device=dev)
     stall = torch.zeros(n, dtype=torch.long, device=dev)
     handed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     used = 0
     for t in range(1, T + 1):
         used = t
-        kkt, n_inf, off_max, g_F, g_out = _kkt(ctx, g, F, z)
+        z, gF = _solve_sets(ctx, Q0, pts, F, refine, z_old, gF_old)
+        g, B = _screened_gradient(ctx, Qs[pts], qmax[pts], F, z)
         valid = F < null
         has_neg = (valid & (z < 0)).any(dim=1)
-        fin = (~has_neg) & (kkt <= ctx.tol)
+        zeros_K = torch.zeros_like(gF)
+        sup_err = torch.where(valid & (z > 0), gF.abs(), zeros_K).amax(dim=1)
+        mem_off = torch.where(valid & (z == 0), gF, zeros_K).amax(dim=1)  # members at 0
+        off_s = g.amax(dim=1).to(dt)
+        cand = (~has_neg) & (off_s - B <= ctx.eps)  # no certain violator
+        off = off_s.clamp_min(0.0) + B  # upper bound; exact on the candidates below
+        if bool(cand.any()):
+            ci = cand.nonzero().squeeze(1)
+            r, c = (g[ci].to(dt) > -B[ci].unsqueeze(1)).nonzero(as_tuple=True)
+            rows = ci[r]
+            ge = _exact_gradient_at(ctx, Q, pts[rows], c, F[rows], z[rows]) if rows.numel() else None
+            off_c = torch.zeros(ci.numel(), dtype=dt, device=dev)
+            if ge is not None:
+                off_c.scatter_reduce_(0, r, ge.clamp_min(0.0), "amax")
+                g[rows, c] = ge.to(g.dtype)  # exact values for choosing violators
+            off[ci] = off_c
+        kkt = torch.maximum(torch.maximum(sup_err, mem_off), off) / ctx.lam
+        fin = cand & (kkt <= ctx.tol)
         if bool(fin.any()):
             res.add(pts[fin], F[fin], z[fin], kkt[fin])
-        improved = n_inf < best
-        best = torch.where(improved, n_inf, best)
+        viol = g.clamp_min(0.0).sum(dim=1).to(dt) + (-z).clamp_min(0.0).sum(dim=1)
+        improved = viol < best
+        best = torch.where(improved, viol, best)
         stall = torch.where(improved, torch.zeros_like(stall), stall + 1)
         kept = torch.where(valid & (z >= 0), F, torch.full_like(F, null))
         n_kept = (kept < null).sum(dim=1)
-        if t == 1:
-            n_add = torch.full_like(n_kept, max(1, m0))
-        else:
-            n_add = torch.clamp(torch.ceil(_ADD_FRAC * n_kept).long(), min=_ADD_MIN)
+        n_add = torch.clamp(torch.ceil(_ADD_FRAC * n_kept).long(), min=_ADD_MIN)
         n_add = torch.minimum(n_add, (ctx.rank_cap - n_kept).clamp_min(0))
-        refine = (~has_neg) & (off_max <= ctx.eps)  # only the support equations are inaccurate
+        refine = cand & (~fin) & (torch.maximum(off, mem_off) <= ctx.eps)
         stuck = (~has_neg) & (~refine) & (n_add == 0)
         out = (~fin) & ((stall >= _STALL) | stuck)
         if t == T:
@@ -530,39 +690,19 @@ def _phase_a(ctx: _Ctx, Q: torch.Tensor, m0: int, T: int, res: _Results):
         keep = ~(fin | out)
         if not bool(keep.any()):
             break
-        if bool(keep.all()):
-            add = _top_violators(ctx, g_out, n_add)
-        else:
-            pts, F, z, g_F, kept = pts[keep], F[keep], z[keep], g_F[keep], kept[keep]
-            best, stall, refine = best[keep], stall[keep], refine[keep]
-            add = _top_violators(ctx, g_out[keep], n_add[keep])
-        del g, g_out
+        if not bool(keep.all()):
+            pts, F, z, gF, kept, g = pts[keep], F[keep], z[keep], gF[keep], kept[keep], g[keep]
+            best, stall, refine, n_add = best[keep], stall[keep], refine[keep], n_add[keep]
+        add = _top_violators(ctx, g, torch.where(refine, torch.zeros_like(n_add), n_add))
+        del g
         F_new = _sort_sets(torch.cat([kept, add], dim=1), null)
-        m, K = F_new.shape
-        z_new = torch.zeros(m, K, dtype=dt, device=dev)
-        any_ref = bool(refine.any())
-        if any_ref:
+        if bool(refine.any()):
             # refined points keep F unchanged (same sorted order): align old z and g_F to width K
+            K = F_new.shape[1]
             pad = max(0, K - z.shape[1])
             z_old = torch.nn.functional.pad(z, (0, pad))[:, :K]
-            gF_old = torch.nn.functional.pad(g_F, (0, pad))[:, :K]
-        rows = pts * (null + 1)
-        widths = (F_new < null).sum(dim=1)
-        for sel, k in _chunks(widths):
-            Fc = F_new[sel, :k]
-            M = _gather_systems(ctx, Fc)
-            rhs = torch.take(Q0, rows[sel].unsqueeze(1) + Fc)
-            rf = refine[sel] if any_ref else None
-            if any_ref and bool(rf.any()):
-                # Newton form on an unchanged F: z ← z + G_FF⁻¹ (q − Gz)_F
-                rhs = torch.where(rf.unsqueeze(1), gF_old[sel, :k], rhs)
-                zc = _spd_solve(M, rhs)[0]
-                zc = torch.where(rf.unsqueeze(1), z_old[sel, :k] + zc, zc)
-            else:
-                zc = _spd_solve(M, rhs)[0]
-            z_new[sel, :k] = torch.where(Fc < null, zc, torch.zeros_like(zc))
-        F, z = F_new, z_new
-        g = _gradient(ctx, Q[pts], F, z)
+            gF_old = torch.nn.functional.pad(gF, (0, pad))[:, :K]
+        F = F_new
     return handed, used
 
 
@@ -755,13 +895,48 @@ def _concat_groups(groups, null: int):
     return pts, F, z
 
 
-def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, k0: int):
-    """Codes for one batch of centred points Xc (n, D): padded (idx, val), violations, checks."""
+def _as_guess(init: ArrayLike, d_z: int, N: int):
+    """Validate a warm-start guess (d_z, N) (dense, torch or scipy.sparse; its non-zero entries
+    are the guessed supports) and return a function (s, e) -> dense float64 columns s:e."""
+    import scipy.sparse as sp
+
+    if sp.issparse(init):
+        A = sp.csc_array(init)
+        if A.nnz and not np.all(np.isfinite(A.data)):
+            raise ValueError("init contains non-finite values (nan or inf)")
+    else:
+        A = init.detach().cpu().numpy() if isinstance(init, torch.Tensor) else np.asarray(init)
+        A = A if A.dtype == np.bool_ else _as_float64_matrix(A, "init")
+    if A.shape != (d_z, N):
+        raise ValueError(f"init must have shape (d_z, N) = ({d_z}, {N}); got {A.shape}")
+    if sp.issparse(A):
+        return lambda s, e: A[:, s:e].toarray().astype(np.float64, copy=False)
+    return lambda s, e: np.asarray(A[:, s:e], dtype=np.float64)
+
+
+def _guess_sets(ctx: _Ctx, cols: NDArray, dev) -> torch.Tensor:
+    """Padded index sets from guessed codes (d_z, n): the non-zero entries of each column, at
+    most min(D, d_z) of them (those of largest |value|), sorted, null-padded."""
+    A = torch.as_tensor(np.ascontiguousarray(np.abs(cols).T), device=dev)  # (n, d_z)
+    k = int((A > 0).sum(dim=1).max()) if A.numel() else 0
+    k = max(1, min(k, ctx.rank_cap))
+    val, idx = torch.topk(A, k, dim=1, sorted=False)
+    return _sort_sets(torch.where(val > 0, idx, torch.full_like(idx, ctx.d_z)), ctx.d_z)
+
+
+def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, F0: torch.Tensor | None):
+    """Codes for one batch of centred points Xc (n, D), starting from the support guess F0
+    (padded index sets; None: the cold start F0 = ∅, z = 0, from which the first step adds the
+    _ADD_MIN largest violators): padded (idx, val), violations, checks."""
     n = Xc.shape[0]
     null = ctx.d_z
     Q = Xc @ ctx.W - ctx.lam  # q_i = Wᵀx̃_i − λ1, (n, d_z)
+    Qs = Q.to(ctx.Gs.dtype)
+    qmax = torch.maximum(Q.amax(dim=1), -Q.amin(dim=1)) if ctx.u_screen else Q[:, 0]
+    if F0 is None:
+        F0 = torch.full((n, 1), null, dtype=torch.long, device=Q.device)
     res = _Results(n, ctx, Q.device, Q.dtype)
-    handed, used = _phase_a(ctx, Q, k0, min(max_iter, _PHASE_A_ITERS), res)
+    handed, used = _phase_a(ctx, Q, Qs, qmax, F0, min(max_iter, _PHASE_A_ITERS), res)
     if handed and used < max_iter:
         pts, F, z = _concat_groups(handed, null)
         ws = _sort_sets(F, null)
@@ -777,15 +952,6 @@ def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, k0: int):
     return idx, val, viol, used
 
 
-def _learn_k0(idx: torch.Tensor, val: torch.Tensor, d_z: int) -> int:
-    """Initial support guess width for later batches: 1.25 × (90th percentile of |S|) + 4."""
-    sizes = ((idx < d_z) & (val > 0)).sum(dim=1).to(torch.float64)
-    if sizes.numel() == 0:
-        return min(d_z, _K0_DEFAULT)
-    q90 = float(torch.quantile(sizes, 0.9)) if sizes.numel() > 1 else float(sizes[0])
-    return int(min(d_z, max(8, math.ceil(1.25 * q90) + 4)))
-
-
 # --------------------------------------------------------------------------------------------
 # Main entry point
 # --------------------------------------------------------------------------------------------
@@ -794,7 +960,11 @@ def _learn_k0(idx: torch.Tensor, val: torch.Tensor, d_z: int) -> int:
 def _default_batch(D: int, d_z: int) -> int:
     # A batch holds X̃ (B, D), q (B, d_z) and a few (B, d_z) gradient buffers: about 32 MB
     # per (B, d_z) float64 buffer.
-    return int(max(256, min(8192, (1 << 22) // max(d_z, D, 1))))
+    # A batch holds X̃ (B, D), q (B, d_z) and a few (B, d_z) gradient buffers. 8 MB per
+    # (B, d_z) float64 buffer: buffers of 32 MB and more are mmap-ed afresh by glibc on every
+    # allocation (its largest dynamic threshold), whose page faults cost ~15 % of the run on
+    # the §3 problem of benchmarks/RESULTS.md at B = 4096.
+    return int(max(256, min(8192, (1 << 20) // max(d_z, D, 1))))
 
 
 def exact_codes(
@@ -811,6 +981,7 @@ def exact_codes(
     progress: bool = False,
     sparse_output: bool = False,
     workers: int | None = None,
+    init: ArrayLike | None = None,
 ) -> ExactCodes:
     """Exact non-negative lasso codes for fixed (W, b): objective (1) of docs/theory.md §1.
 
@@ -848,7 +1019,13 @@ def exact_codes(
         The default is a dense float64 array of d_z·N·8 bytes (3.3 GB for 10⁵ × 4096), which
         the caller must be able to hold; codes are sparse, so ``sparse_output=True`` is the
         memory-efficient choice for large problems.
-
+    init : optional warm start, (d_z, N) dense array, torch tensor or scipy.sparse matrix whose
+        non-zero entries in column i are a guess of point i's support (for example an SAE
+        encoder's active latents, or the codes of a previous batch; values are used only to
+        keep the min(D, d_z) largest |entries| of an overfull column). The guess replaces the
+        cold start (z = 0, F = ∅): it changes the time, never the
+        answer (the minimiser is unique when the tight atoms are linearly independent; the
+        result meets the same KKT tolerance from any guess).
     workers : CPU worker threads that process batches concurrently, each with one torch
         thread (default: ``torch.get_num_threads()`` on CPU, 1 on CUDA; 1 = process batches
         in order with torch's own intra-op threads). During the call torch's thread count is
@@ -898,15 +1075,11 @@ def exact_codes(
     ):
         raise ValueError(f"workers must be a positive integer or None; got {workers!r}")
     N = Xn.shape[1]
+    init_cols = None if init is None else _as_guess(init, d_z, N)
     B = int(batch_size) if batch_size is not None else _default_batch(D, d_z)
     dev = torch.device(device)
 
-    Wt = torch.as_tensor(Wn, device=dev).to(dtype)  # (D, d_z)
-    Gz = torch.zeros(d_z + 1, d_z + 1, dtype=dtype, device=dev)
-    G = Wt.T @ Wt
-    Gz[:d_z, :d_z] = 0.5 * (G + G.T)
-    del G
-    ctx = _Ctx(W=Wt, WT=Wt.T.contiguous(), Gz=Gz, lam=lam, tol=tol, eps=0.5 * tol * lam)
+    ctx = _make_ctx(Wn, lam, tol, dev, dtype)
     bt = torch.as_tensor(bv, device=dev).to(dtype)
 
     if sparse_output:
@@ -916,27 +1089,25 @@ def exact_codes(
     else:
         Zt = np.zeros((N, d_z), dtype=np.float64)
 
-    # Segments: a pilot of the first _PILOT points learns k0 (the initial support-guess width);
-    # the other batches use that k0, so the result does not depend on the processing order.
-    n_pilot = min(N, _PILOT)
-    rest = N - n_pilot
+    # Every point is solved from its own guess alone, so the result does not depend on the
+    # batches or on their processing order.
     if workers is None:
         workers = torch.get_num_threads() if dev.type == "cpu" else 1
-    if batch_size is None and workers > 1 and rest > 0:
-        B = max(256, min(B, math.ceil(rest / (4 * workers))))  # enough batches to balance
-    segments = [(0, n_pilot)] + [(s, min(N, s + B)) for s in range(n_pilot, N, B)]
-    segments = [sg for sg in segments if sg[1] > sg[0]]
-    workers = max(1, min(workers, len(segments) - 1))
+    if batch_size is None and workers > 1 and N > 0:
+        B = max(256, min(B, math.ceil(N / (4 * workers))))  # enough batches to balance
+    segments = [(s, min(N, s + B)) for s in range(0, N, B)]
+    workers = max(1, min(workers, len(segments)))
 
     worst = 0.0
     iters = 0
     n_bad = 0
     nnz_total = 0
 
-    def run(seg, k0):
+    def run(seg):
         s, e = seg
         Xc = torch.as_tensor(np.ascontiguousarray(Xn[:, s:e].T), device=dev).to(dtype) - bt
-        idx, val, viol, it = _solve_batch(ctx, Xc, max_iter, k0)
+        F0 = None if init_cols is None else _guess_sets(ctx, init_cols(s, e), dev)
+        idx, val, viol, it = _solve_batch(ctx, Xc, max_iter, F0)
         return seg, idx, val, viol, it
 
     def collect(out):
@@ -955,21 +1126,13 @@ def exact_codes(
             vals_l.append(val_np[pr, pc])
         else:
             Zt[pr + s, idx_np[pr, pc]] = val_np[pr, pc]
-        return idx, val
 
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(segments), desc="exact_codes", unit="batch")
-    k0 = min(d_z, _K0_DEFAULT)
-    if segments:
-        idx0, val0 = collect(run(segments[0], k0))
-        k0 = _learn_k0(idx0, val0, d_z)
-        if bar is not None:
-            bar.update(1)
-    later = segments[1:]
-    if workers > 1 and later:
+    if workers > 1:
         # One torch thread per worker: the per-point steps are many small kernels, which
         # scale better across batches than inside one (measured: ~1.3× on 2 cores).
         from concurrent.futures import ThreadPoolExecutor
@@ -978,15 +1141,15 @@ def exact_codes(
         try:
             pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
             with pool:
-                for out in pool.map(lambda sg: run(sg, k0), later):
+                for out in pool.map(run, segments):
                     collect(out)
                     if bar is not None:
                         bar.update(1)
         finally:
             torch.set_num_threads(n_threads)
     else:
-        for sg in later:
-            collect(run(sg, k0))
+        for sg in segments:
+            collect(run(sg))
             if bar is not None:
                 bar.update(1)
     if bar is not None:

@@ -315,3 +315,85 @@ def test_errors() -> None:
         kkt_violation(W, Z, X, b, 0.0)
     with pytest.raises(ValueError):
         kkt_violation(W, np.full((d_z, 5), np.nan), X, b, 0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# Screened gradients and warm starts
+# --------------------------------------------------------------------------------------------
+
+
+log_scales = st.floats(-6.0, 6.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seeds, st.integers(1, 40), st.integers(1, 200), st.integers(1, 12), log_scales, log_scales)
+def test_screened_gradient_within_its_rounding_bound(seed, D, d_z, K, log_w, log_x) -> None:
+    """|g̃ − g| ≤ B for every atom off F (the float32 screen of _screen_bound), with atoms and
+    data spanning 12 orders of magnitude and codes of both signs (phase A's infeasible states)."""
+    from dictcheck.solvers import lasso_codes as lc
+
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(D, d_z)) * 10.0 ** (log_w + rng.uniform(-1, 1, size=d_z))
+    m = 7
+    Xc = rng.normal(size=(m, D)) * 10.0**log_x
+    lam = float(rng.uniform(0.01, 2.0)) * 10.0 ** (log_w + log_x)
+    ctx = lc._make_ctx(W, lam, 1e-8, torch.device("cpu"), torch.float64)
+    assert ctx.u_screen > 0
+    K = min(K, d_z)
+    F = torch.as_tensor(np.sort(np.stack([rng.choice(d_z + 1, K, replace=False) for _ in range(m)]), axis=1))
+    scale = 10.0 ** (log_x - log_w)
+    z = torch.as_tensor(rng.normal(size=(m, K)) * scale)
+    z = torch.where(F < d_z, z, torch.zeros_like(z))
+    Q = torch.as_tensor(Xc @ W - lam)
+    qmax = torch.maximum(Q.amax(dim=1), -Q.amin(dim=1))
+    g_s, B = lc._screened_gradient(ctx, Q.float(), qmax, F, z)
+    Zd = torch.zeros(m, d_z + 1, dtype=torch.float64).scatter_add_(1, F, z)[:, :d_z]
+    g = Q - Zd @ torch.as_tensor(W.T @ W)
+    off = torch.isfinite(g_s[:, :d_z])
+    assert bool((~off).sum(dim=1).le(K).all())  # only members of F are masked
+    err = (g_s[:, :d_z].double() - g).abs()
+    # the reference itself is float64: allow its own rounding on top of B
+    ref_err = 1e-12 * (qmax + ctx.cmax2 * z.abs().sum(dim=1))
+    assert bool((err <= (B + ref_err).unsqueeze(1))[off].all())
+
+
+def _guesses(rng, Z: np.ndarray):
+    d_z, N = Z.shape
+    exact = Z > 0
+    yield "exact support", exact
+    yield "empty", np.zeros((d_z, N))
+    yield "random", rng.random((d_z, N)) < rng.uniform(0.0, 1.0)
+    yield "support plus noise", sp.csc_array(exact | (rng.random((d_z, N)) < 0.1))
+    yield "half the support", torch.as_tensor(np.where(rng.random((d_z, N)) < 0.5, Z, 0.0))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seeds, st.integers(2, 10), st.integers(2, 30), st.integers(1, 6), st.floats(1e-2, 1.0))
+def test_warm_start_never_changes_the_answer(seed, D, d_z, N, lam) -> None:
+    W, X, b = _random_problem(seed, D, d_z, N, unit=bool(seed % 2))
+    cold = exact_codes(W, X, b, lam)
+    assert cold.converged
+    rng = np.random.default_rng(seed + 1)
+    for name, guess in _guesses(rng, cold.Z):
+        warm = exact_codes(W, X, b, lam, init=guess)
+        assert warm.converged and warm.kkt_violation <= TOL, name
+        assert kkt_violation(W, warm.Z, X, b, lam) <= TOL, name
+        assert sae_objective(W, warm.Z, b, X, lam) <= sae_objective(W, cold.Z, b, X, lam) + 1e-12
+        for i in range(N):
+            if _unique_and_well_conditioned(W, cold.Z[:, i], X[:, i] - b, lam):
+                scale = 1.0 + np.abs(cold.Z[:, i]).max()
+                np.testing.assert_allclose(warm.Z[:, i], cold.Z[:, i], atol=1e-9 * scale, err_msg=name)
+        again = exact_codes(W, X, b, lam, init=guess)
+        np.testing.assert_array_equal(again.Z, warm.Z)  # deterministic
+
+
+def test_warm_start_from_the_exact_support_needs_one_check() -> None:
+    W, X, b = _medium()
+    cold = exact_codes(W, X, b, 0.1)
+    warm = exact_codes(W, X, b, 0.1, init=cold.Z)
+    assert warm.iterations == 1 < cold.iterations
+    np.testing.assert_allclose(warm.Z, cold.Z, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError):
+        exact_codes(W, X, b, 0.1, init=cold.Z[:, :-1])  # wrong shape
+    with pytest.raises(ValueError):
+        exact_codes(W, X, b, 0.1, init=np.full_like(cold.Z, np.nan))

@@ -383,3 +383,86 @@ def test_clear_errors():
         sae.decode(torch.zeros(B, D_SAE + 1))
     with pytest.raises(ValueError, match="dead_mask"):
         make_sae("topk", D_IN, D_SAE, k=2, aux_coef=0.1)(_x(), dead_mask=torch.ones(3, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------------------------
+# Sparse decode of the TopK family (ActiveLatents, embedding-bag style) = the dense product
+# --------------------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["topk", "batchtopk"]),
+    st.booleans(),  # AuxK with some dead latents
+    st.booleans(),  # batchtopk: eval mode with a trained threshold
+    st.integers(1, 12),
+    st.integers(1, 10),
+    st.integers(2, 40),
+    st.integers(1, 6),
+)
+def test_sparse_decode_equals_dense_values_and_gradients(seed, arch, auxk, eval_mode, n, d_in, d_sae, k):
+    """Forward values (x̂, codes, every loss term) and the gradient of every parameter agree
+    between the gathered decode and z @ W_dec, in float64, to rounding."""
+    k = min(k, d_sae)
+    g = torch.Generator().manual_seed(seed)
+    models = []
+    for sparse in (True, False):
+        m = make_sae(arch, d_in, d_sae, k=k, aux_coef=0.25 if auxk else 0.0, dtype=torch.float64, seed=seed % 1000)
+        with torch.no_grad():
+            m.b_enc.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(seed))
+            m.b_dec.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(seed + 1))
+        m.sparse_decode = sparse
+        models.append(m)
+    x = torch.randn(n, d_in, generator=g, dtype=torch.float64)
+    dead = torch.rand(d_sae, generator=g) < 0.5
+    outs = []
+    for m in models:
+        if arch == "batchtopk" and eval_mode:
+            m(x)  # one training batch sets θ
+            m.eval()
+        out = m(x, dead_mask=dead if auxk else None)
+        m.zero_grad(set_to_none=True)
+        out.loss.backward()
+        outs.append(out)
+    s, d = outs
+    for name in ("x_hat", "codes", "loss", "mse", "aux_loss", "l0"):
+        torch.testing.assert_close(getattr(s, name), getattr(d, name), rtol=1e-12, atol=1e-12, msg=name)
+    for (name, ps), pd in zip(models[0].named_parameters(), models[1].parameters()):
+        if pd.grad is None:
+            assert ps.grad is None or bool((ps.grad == 0).all()), name
+        else:
+            torch.testing.assert_close(ps.grad, pd.grad, rtol=1e-11, atol=1e-12, msg=name)
+
+
+def test_sparse_decode_is_the_default_for_the_topk_family():
+    for arch in ("topk", "batchtopk"):
+        sae = make_sae(arch, D_IN, D_SAE, k=3, seed=0)
+        assert sae.sparse_decode
+        out = sae(_x())
+        assert torch.allclose(out.x_hat, sae.decode(out.codes), atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 12), st.integers(1, 60), st.integers(1, 8), st.floats(0.0, 0.95))
+def test_batch_topk_selection_equals_flat_topk(seed, n, d, k, zero_frac):
+    """The candidate-based batch top-k keeps exactly the entries of a flat top-(k·B) of ReLU(a):
+    rows of very different scale hold more than 2k of them (the heavy-row path), negative
+    pre-activations force ties at 0."""
+    from dictcheck.empirics.sae_models import _batch_topk
+
+    k = min(k, d)
+    g = torch.Generator().manual_seed(seed)
+    r = torch.rand(n, d, generator=g, dtype=torch.float64) * torch.logspace(0, 6, n, dtype=torch.float64)[torch.randperm(n, generator=g)].unsqueeze(1)
+    a = torch.where(torch.rand(n, d, generator=g) < zero_frac, -r, r)
+    r = torch.relu(a)
+    n_keep = min(k * n, r.numel())
+    rows, cols = _batch_topk(a, n_keep, k)
+    assert rows.numel() == n_keep and bool((torch.diff(rows * d + cols) > 0).all())  # sorted, distinct
+    ref = torch.topk(r.reshape(-1), n_keep)
+    torch.testing.assert_close(torch.sort(r[rows, cols]).values, torch.sort(ref.values).values, rtol=0, atol=0)
+    pos_ref = set(ref.indices[ref.values > 0].tolist())
+    assert {int(i) for i, v in zip(rows * d + cols, r[rows, cols]) if v > 0} == pos_ref

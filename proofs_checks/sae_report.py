@@ -48,7 +48,7 @@ from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
 from dictcheck.solvers.hull_distance import hull_candidate_distances
 from dictcheck.solvers.lam_search import lam_for_l0
-from dictcheck.solvers.lasso_codes import exact_codes
+from dictcheck.solvers.lasso_codes import CodeSolver, exact_codes
 from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import best_of_candidates, search_starts
 from dictcheck.solvers.polish import polish_dictionary
@@ -71,7 +71,8 @@ class SaeCheckSettings:
     ``hull``: the §8 Q1 distances for the ``hull_atoms`` atoms with the largest (5) violation on
     ``hull_tokens`` evenly spaced tokens;
     ``polish_tokens`` and ``polish_iters``: the sample and the sweep cap of ``polish``. ``tol``: relative
-    KKT tolerance of the exact codes."""
+    KKT tolerance of the exact codes; ``warm_start``: start them from the encoder's supports (never changes
+    the codes, only the time)."""
 
     lam: float | str | None = None
     batch_size: int | None = None
@@ -84,6 +85,7 @@ class SaeCheckSettings:
     auto_tokens: int = 4096
     search_tokens: int = 8192
     tol: float = 1e-8
+    warm_start: bool = True
     device: str = "cpu"
     progress: bool = False
 
@@ -145,44 +147,46 @@ class _FirstPass:
     sample_cols: NDArray  # indices of the residual sample
 
 
-def _first_pass(model: Featurizer, src: RowSource, W: NDArray, b: NDArray, lam: float, settings: SaeCheckSettings,
-                batch: int, log: Callable[[str], None]) -> _FirstPass:
-    """Codes of the SAE and exact codes of its decoder, the encoder's objective and the metrics, streamed."""
+def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArray, lam: float,
+                settings: SaeCheckSettings, batch: int, log: Callable[[str], None]) -> _FirstPass:
+    """The SAE's codes and output, the metrics and the encoder's objective, streamed; then the exact codes of
+    its decoder on all tokens in one call (the Gram matrix is built once), warm-started from the encoder's
+    supports when ``settings.warm_start``."""
+    W = solver.W
     N, D, d_z = src.n_rows, src.dim, W.shape[1]
     x_mean = np.zeros(D)
     for _, rows in src.batches(batch):
         x_mean += rows.sum(axis=0)
     metrics = StreamingMetrics(x_mean / N, d_z)
     X_in = np.empty((D, N))
-    parts: list[SparseCodes] = []
-    enc_sum, nnz_sae, kkt, signed = 0.0, 0, 0.0, False
-    firing = np.zeros(d_z)
+    encoder_parts: list[SparseCodes] = []
+    enc_sum, signed = 0.0, False
     norm = model.input_normalisation
-    bar = _bar(settings.progress, N, "pass 1: codes")
+    bar = _bar(settings.progress, N, "pass 1: SAE codes")
     for start, rows in src.batches(batch):
         z_raw, z_unit, x_hat = _encoder_pass(model, rows)
         x_in = norm.apply(torch.from_numpy(rows))[0].numpy().T  # (D, B), float64
         X_in[:, start:start + rows.shape[0]] = x_in
         metrics.update(rows, x_hat, z_raw)
-        nnz_sae += int(np.count_nonzero(z_raw))
-        firing += np.count_nonzero(z_raw, axis=0)
+        encoder_parts.append(SparseCodes.from_dense(np.abs(z_raw.T), offset=start))
         signed = signed or bool(np.any(z_raw < 0))
         r_enc = x_in - b[:, None] - W @ z_unit.T
         enc_sum += float(np.sum(r_enc * r_enc) + 2.0 * lam * np.abs(z_unit).sum())
-        ex = exact_codes(W, x_in, b, lam, tol=settings.tol, sparse_output=True, device=settings.device)
-        kkt = max(kkt, ex.kkt_violation)
-        parts.append(SparseCodes.from_matrix(ex.Z, offset=start))
         bar.update(rows.shape[0])
     bar.close()
+    encoder = SparseCodes.concatenate(encoder_parts, N, d_z)
     try:
         metric_values: dict[str, Any] = metrics.result()
     except ValueError as exc:  # e.g. zero-variance data: the theory checks still stand
         metric_values = {"metrics_error": str(exc)}
+    ex = solver.codes(X_in, b, lam, tol=settings.tol, sparse_output=True, progress=settings.progress,
+                      init=encoder.to_matrix() if settings.warm_start else None)
+    log(f"pass 1 done: {N} tokens, exact codes' KKT violation {ex.kkt_violation:.2e}")
     stride = max(1, N // max(settings.search_tokens, 1))
-    log(f"pass 1 done: {N} tokens, exact codes' KKT violation {kkt:.2e}")
-    return _FirstPass(codes=SparseCodes.concatenate(parts, N, d_z), X_in=X_in, encoder_objective_sum=enc_sum,
-                      signed=signed, l0_sae=nnz_sae / N, firing=firing / N, kkt_violation=kkt,
-                      metrics=metric_values, sample_cols=np.arange(0, N, stride)[:settings.search_tokens])
+    return _FirstPass(codes=SparseCodes.from_matrix(ex.Z), X_in=X_in, encoder_objective_sum=enc_sum,
+                      signed=signed, l0_sae=encoder.nnz / N, firing=np.bincount(encoder.atoms, minlength=d_z) / N,
+                      kkt_violation=ex.kkt_violation, metrics=metric_values,
+                      sample_cols=np.arange(0, N, stride)[:settings.search_tokens])
 
 
 class _NoBar:
@@ -261,6 +265,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     b = model.b_dec.detach().double().numpy()
     N, d_z = src.n_rows, W.shape[1]
     batch = s.batch_size or batch_size_for(d_z, N)
+    solver = CodeSolver(W, device=s.device)
     timings["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -278,7 +283,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
             z_raw = _encoder_pass(model, sample)[0]
             x_in = model.input_normalisation.apply(torch.from_numpy(sample))[0].numpy().T
             target = float(np.count_nonzero(z_raw)) / sample.shape[0]
-            found = lam_for_l0(W, x_in, b, target, tol=s.tol)
+            found = lam_for_l0(W, x_in, b, target, tol=s.tol, solver=solver)
             lam, lam_source = found.lam, "auto"
             lam_info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(sample.shape[0]),
                         "bisection_steps": found.iterations, "lam_max": found.lam_max,
@@ -289,7 +294,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     say(f"λ = {lam:.6g} ({lam_source})")
 
     t = time.perf_counter()
-    first = _first_pass(model, src, W, b, lam, s, batch, say)
+    first = _first_pass(model, src, solver, b, lam, s, batch, say)
     timings["pass1_codes"] = time.perf_counter() - t
 
     t = time.perf_counter()

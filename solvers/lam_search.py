@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from dictcheck.solvers.lasso_codes import exact_codes
+from dictcheck.solvers.lasso_codes import CodeSolver
 
 __all__ = ["LamForL0", "lam_for_l0"]
 
@@ -35,11 +35,12 @@ class LamForL0:
 
 
 def lam_for_l0(W: ArrayLike, X: ArrayLike, b: ArrayLike, target: float, *, rel: float = 1e-3, max_iter: int = 40,
-               tol: float = 1e-8) -> LamForL0:
+               tol: float = 1e-8, solver: CodeSolver | None = None) -> LamForL0:
     """λ at which the exact codes of unit atoms W (D, d_z) on X (D, N) with bias b have mean L0 closest to
     ``target`` (module docstring): halving from λ_max (at most 27 times, to λ_max·2⁻²⁷), then bisection on
     log λ until the bracket is within a factor 1 + ``rel`` or ``max_iter`` steps. Returns the evaluated λ
-    whose L0 is closest to the target (the larger λ on a tie). ValueError for a target outside [0, d_z]."""
+    whose L0 is closest to the target (the larger λ on a tie). ``solver``: a :class:`CodeSolver` for W, to
+    reuse its Gram matrix. ValueError for a target outside [0, d_z]."""
     W = np.asarray(W, dtype=np.float64)
     X = np.asarray(X, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64).reshape(-1)
@@ -49,9 +50,10 @@ def lam_for_l0(W: ArrayLike, X: ArrayLike, b: ArrayLike, target: float, *, rel: 
     if lam_max <= 0.0:
         return LamForL0(lam=1.0, l0=0.0, target=float(target), iterations=0, lam_max=lam_max, evaluations=())
     record: list[tuple[float, float]] = []
+    solver = CodeSolver(W) if solver is None else solver
 
     def l0_at(lam: float) -> float:
-        value = float(exact_codes(W, X, b, lam, tol=tol).mean_support)
+        value = float(solver.codes(X, b, lam, tol=tol).mean_support)
         record.append((lam, value))
         return value
 

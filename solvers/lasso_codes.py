@@ -70,6 +70,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -1043,134 +1044,163 @@ def exact_codes(
     ValueError for bad shapes, non-finite inputs, λ ≤ 0, tol ≤ 0, max_iter < 1, batch_size < 1
     or an unsupported dtype. Deterministic for a given input, device and thread count.
     """
-    t0 = time.perf_counter()
-    Wn = _as_float64_matrix(W, "W")
-    Xn = _as_float64_matrix(X, "X")
-    D, d_z = Wn.shape
-    if D == 0 or d_z == 0:
-        raise ValueError(f"W must have at least one row and one atom; got shape {Wn.shape}")
-    if Xn.shape[0] != D:
-        raise ValueError(
-            f"X must have shape (D, N) = ({D}, N) with points as columns; got {Xn.shape}"
-        )
-    bv = _as_bias(b, D)
-    lam = _as_lambda(lam)
-    try:
-        tol = float(tol)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"tol must be a positive number; got {tol!r}") from exc
-    if not math.isfinite(tol) or tol <= 0.0:
-        raise ValueError(f"tol must be finite and > 0; got {tol!r}")
-    if isinstance(max_iter, bool) or int(max_iter) != max_iter or max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer; got {max_iter!r}")
-    max_iter = int(max_iter)
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1
-    ):
-        raise ValueError(f"batch_size must be a positive integer or None; got {batch_size!r}")
-    if dtype not in (torch.float64, torch.float32):
-        raise ValueError(f"dtype must be torch.float64 or torch.float32; got {dtype!r}")
-    if workers is not None and (
-        isinstance(workers, bool) or int(workers) != workers or workers < 1
-    ):
-        raise ValueError(f"workers must be a positive integer or None; got {workers!r}")
-    N = Xn.shape[1]
-    init_cols = None if init is None else _as_guess(init, d_z, N)
-    B = int(batch_size) if batch_size is not None else _default_batch(D, d_z)
-    dev = torch.device(device)
+    return CodeSolver(W, device=device, dtype=dtype).codes(
+        X, b, lam, tol=tol, max_iter=max_iter, batch_size=batch_size, progress=progress,
+        sparse_output=sparse_output, workers=workers, init=init)
 
-    ctx = _make_ctx(Wn, lam, tol, dev, dtype)
-    bt = torch.as_tensor(bv, device=dev).to(dtype)
 
-    if sparse_output:
-        rows_l: list[np.ndarray] = []
-        cols_l: list[np.ndarray] = []
-        vals_l: list[np.ndarray] = []
-    else:
-        Zt = np.zeros((N, d_z), dtype=np.float64)
+class CodeSolver:
+    """:func:`exact_codes` for one dictionary W (D, d_z) and many calls (data, λ, bias, warm start): the
+    Gram matrix WᵀW (2 GiB and a few seconds at d_z = 16 384) is built once, here. ValueError for a W
+    that :func:`exact_codes` refuses."""
 
-    # Every point is solved from its own guess alone, so the result does not depend on the
-    # batches or on their processing order.
-    if workers is None:
-        workers = torch.get_num_threads() if dev.type == "cpu" else 1
-    if batch_size is None and workers > 1 and N > 0:
-        B = max(256, min(B, math.ceil(N / (4 * workers))))  # enough batches to balance
-    segments = [(s, min(N, s + B)) for s in range(0, N, B)]
-    workers = max(1, min(workers, len(segments)))
+    def __init__(self, W: ArrayLike, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
+        Wn = _as_float64_matrix(W, "W")
+        D, d_z = Wn.shape
+        if D == 0 or d_z == 0:
+            raise ValueError(f"W must have at least one row and one atom; got shape {Wn.shape}")
+        if dtype not in (torch.float64, torch.float32):
+            raise ValueError(f"dtype must be torch.float64 or torch.float32; got {dtype!r}")
+        self.W, self.device, self.dtype = Wn, torch.device(device), dtype
+        self._ctx = _make_ctx(Wn, 1.0, 1.0, self.device, dtype)
 
-    worst = 0.0
-    iters = 0
-    n_bad = 0
-    nnz_total = 0
-
-    def run(seg):
-        s, e = seg
-        Xc = torch.as_tensor(np.ascontiguousarray(Xn[:, s:e].T), device=dev).to(dtype) - bt
-        F0 = None if init_cols is None else _guess_sets(ctx, init_cols(s, e), dev)
-        idx, val, viol, it = _solve_batch(ctx, Xc, max_iter, F0)
-        return seg, idx, val, viol, it
-
-    def collect(out):
-        nonlocal worst, iters, n_bad, nnz_total
-        (s, e), idx, val, viol, it = out
-        iters = max(iters, it)
-        worst = max(worst, float(viol.max()))
-        n_bad += int((viol > tol).sum())
-        idx_np = idx.cpu().numpy()
-        val_np = val.to(torch.float64).cpu().numpy()
-        pr, pc = np.nonzero((idx_np < d_z) & (val_np > 0))
-        nnz_total += pr.size
-        if sparse_output:
-            rows_l.append(idx_np[pr, pc])
-            cols_l.append(pr + s)
-            vals_l.append(val_np[pr, pc])
-        else:
-            Zt[pr + s, idx_np[pr, pc]] = val_np[pr, pc]
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(segments), desc="exact_codes", unit="batch")
-    if workers > 1:
-        # One torch thread per worker: the per-point steps are many small kernels, which
-        # scale better across batches than inside one (measured: ~1.3× on 2 cores).
-        from concurrent.futures import ThreadPoolExecutor
-
-        n_threads = torch.get_num_threads()
+    def codes(
+        self,
+        X: ArrayLike,
+        b: ArrayLike,
+        lam: float,
+        *,
+        tol: float = 1e-8,
+        max_iter: int = 100,
+        batch_size: int | None = None,
+        progress: bool = False,
+        sparse_output: bool = False,
+        workers: int | None = None,
+        init: ArrayLike | None = None,
+    ) -> ExactCodes:
+        """The exact codes of X (D, N) at (b, λ): the parameters and result of :func:`exact_codes`."""
+        t0 = time.perf_counter()
+        Wn, dev, dtype = self.W, self.device, self.dtype
+        D, d_z = Wn.shape
+        Xn = _as_float64_matrix(X, "X")
+        if Xn.shape[0] != D:
+            raise ValueError(
+                f"X must have shape (D, N) = ({D}, N) with points as columns; got {Xn.shape}"
+            )
+        bv = _as_bias(b, D)
+        lam = _as_lambda(lam)
         try:
-            pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
-            with pool:
-                for out in pool.map(run, segments):
-                    collect(out)
-                    if bar is not None:
-                        bar.update(1)
-        finally:
-            torch.set_num_threads(n_threads)
-    else:
-        for sg in segments:
-            collect(run(sg))
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+            tol = float(tol)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"tol must be a positive number; got {tol!r}") from exc
+        if not math.isfinite(tol) or tol <= 0.0:
+            raise ValueError(f"tol must be finite and > 0; got {tol!r}")
+        if isinstance(max_iter, bool) or int(max_iter) != max_iter or max_iter < 1:
+            raise ValueError(f"max_iter must be a positive integer; got {max_iter!r}")
+        max_iter = int(max_iter)
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be a positive integer or None; got {batch_size!r}")
+        if workers is not None and (
+            isinstance(workers, bool) or int(workers) != workers or workers < 1
+        ):
+            raise ValueError(f"workers must be a positive integer or None; got {workers!r}")
+        ctx = dataclasses.replace(self._ctx, lam=lam, tol=tol, eps=0.5 * tol * lam)
+        N = Xn.shape[1]
+        init_cols = None if init is None else _as_guess(init, d_z, N)
+        B = int(batch_size) if batch_size is not None else _default_batch(D, d_z)
+        bt = torch.as_tensor(bv, device=dev).to(dtype)
 
-    if sparse_output:
-        import scipy.sparse as sp
+        if sparse_output:
+            rows_l: list[np.ndarray] = []
+            cols_l: list[np.ndarray] = []
+            vals_l: list[np.ndarray] = []
+        else:
+            Zt = np.zeros((N, d_z), dtype=np.float64)
 
-        rows = np.concatenate(rows_l) if rows_l else np.zeros(0, dtype=np.int64)
-        cols = np.concatenate(cols_l) if cols_l else np.zeros(0, dtype=np.int64)
-        vals = np.concatenate(vals_l) if vals_l else np.zeros(0)
-        Z = sp.csc_array((vals, (rows, cols)), shape=(d_z, N))
-    else:
-        Z = Zt.T
-    return ExactCodes(
-        Z=Z,
-        kkt_violation=worst,
-        iterations=iters,
-        converged=bool(worst <= tol),
-        seconds=time.perf_counter() - t0,
-        tol=tol,
-        n_unconverged=n_bad,
-        mean_support=nnz_total / N if N else 0.0,
-    )
+        # Every point is solved from its own guess alone, so the result does not depend on the
+        # batches or on their processing order.
+        if workers is None:
+            workers = torch.get_num_threads() if dev.type == "cpu" else 1
+        if batch_size is None and workers > 1 and N > 0:
+            B = max(256, min(B, math.ceil(N / (4 * workers))))  # enough batches to balance
+        segments = [(s, min(N, s + B)) for s in range(0, N, B)]
+        workers = max(1, min(workers, len(segments)))
+
+        worst = 0.0
+        iters = 0
+        n_bad = 0
+        nnz_total = 0
+
+        def run(seg):
+            s, e = seg
+            Xc = torch.as_tensor(np.ascontiguousarray(Xn[:, s:e].T), device=dev).to(dtype) - bt
+            F0 = None if init_cols is None else _guess_sets(ctx, init_cols(s, e), dev)
+            idx, val, viol, it = _solve_batch(ctx, Xc, max_iter, F0)
+            return seg, idx, val, viol, it
+
+        def collect(out):
+            nonlocal worst, iters, n_bad, nnz_total
+            (s, e), idx, val, viol, it = out
+            iters = max(iters, it)
+            worst = max(worst, float(viol.max()))
+            n_bad += int((viol > tol).sum())
+            idx_np = idx.cpu().numpy()
+            val_np = val.to(torch.float64).cpu().numpy()
+            pr, pc = np.nonzero((idx_np < d_z) & (val_np > 0))
+            nnz_total += pr.size
+            if sparse_output:
+                rows_l.append(idx_np[pr, pc])
+                cols_l.append(pr + s)
+                vals_l.append(val_np[pr, pc])
+            else:
+                Zt[pr + s, idx_np[pr, pc]] = val_np[pr, pc]
+
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(segments), desc="exact_codes", unit="batch")
+        if workers > 1:
+            # One torch thread per worker: the per-point steps are many small kernels, which
+            # scale better across batches than inside one (measured: ~1.3× on 2 cores).
+            from concurrent.futures import ThreadPoolExecutor
+
+            n_threads = torch.get_num_threads()
+            try:
+                pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
+                with pool:
+                    for out in pool.map(run, segments):
+                        collect(out)
+                        if bar is not None:
+                            bar.update(1)
+            finally:
+                torch.set_num_threads(n_threads)
+        else:
+            for sg in segments:
+                collect(run(sg))
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+
+        if sparse_output:
+            import scipy.sparse as sp
+
+            rows = np.concatenate(rows_l) if rows_l else np.zeros(0, dtype=np.int64)
+            cols = np.concatenate(cols_l) if cols_l else np.zeros(0, dtype=np.int64)
+            vals = np.concatenate(vals_l) if vals_l else np.zeros(0)
+            Z = sp.csc_array((vals, (rows, cols)), shape=(d_z, N))
+        else:
+            Z = Zt.T
+        return ExactCodes(
+            Z=Z,
+            kkt_violation=worst,
+            iterations=iters,
+            converged=bool(worst <= tol),
+            seconds=time.perf_counter() - t0,
+            tol=tol,
+            n_unconverged=n_bad,
+            mean_support=nnz_total / N if N else 0.0,
+        )

@@ -116,6 +116,10 @@ class SparseCodes:
     def to_dense(self) -> NDArray[np.float64]:
         return self.dense(0, self.n_points)
 
+    def to_matrix(self) -> sp.csc_array:
+        """The codes as a scipy.sparse (d_z, N) array (what :func:`exact_codes` takes as a warm start)."""
+        return sp.csc_array((self.values, (self.atoms, self.points)), shape=(self.n_atoms, self.n_points))
+
     def to_dense_points(self, points: NDArray) -> NDArray[np.float64]:
         """Dense (d_z, len(points)) codes of the given sorted point indices."""
         points = np.asarray(points, dtype=np.int64)

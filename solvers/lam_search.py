@@ -34,7 +34,7 @@ class LamForL0:
     evaluations: tuple[tuple[float, float], ...]
 
 
-def lam_for_l0(W: ArrayLike, X: ArrayLike, b: ArrayLike, target: float, *, rel: float = 1e-3, max_iter: int = 40,
+def lam_for_l0(W: ArrayLike, X: ArrayLike, b: ArrayLike, target: float, *, rel: float = 1e-2, max_iter: int = 40,
                tol: float = 1e-8, solver: CodeSolver | None = None) -> LamForL0:
     """λ at which the exact codes of unit atoms W (D, d_z) on X (D, N) with bias b have mean L0 closest to
     ``target`` (module docstring): halving from λ_max (at most 27 times, to λ_max·2⁻²⁷), then bisection on
@@ -51,11 +51,13 @@ def lam_for_l0(W: ArrayLike, X: ArrayLike, b: ArrayLike, target: float, *, rel: 
         return LamForL0(lam=1.0, l0=0.0, target=float(target), iterations=0, lam_max=lam_max, evaluations=())
     record: list[tuple[float, float]] = []
     solver = CodeSolver(W) if solver is None else solver
+    last: list[object] = [None]  # the previous solve's codes: the warm start of the next (time only)
 
     def l0_at(lam: float) -> float:
-        value = float(solver.codes(X, b, lam, tol=tol).mean_support)
-        record.append((lam, value))
-        return value
+        codes = solver.codes(X, b, lam, tol=tol, sparse_output=True, init=last[0])
+        last[0] = codes.Z
+        record.append((lam, float(codes.mean_support)))
+        return record[-1][1]
 
     hi, lo = lam_max, lam_max / 2
     for _ in range(27):

@@ -26,6 +26,7 @@ codes give before the data are read. torch float64 on ``device`` (CUDA when aske
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -195,6 +196,16 @@ class StreamedDiagnostics:
     candidate_gains: NDArray[np.float64]
 
 
+def _csr(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A sparse CSR matrix from distinct coordinates, for fast sparse × dense products."""
+    order = torch.argsort(rows, stable=True)
+    crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
+    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, cols[order], vals[order], shape, check_invariants=False)
+
+
 def _column_blocks_max(W: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """max_k |(Wᵀ V)_kd| per column d, in column blocks (never the full d_z × d_z product)."""
     out = torch.empty(V.shape[1], dtype=V.dtype, device=V.device)
@@ -249,8 +260,8 @@ def stream_diagnostics(
     sum_sq = torch.zeros((), dtype=f64, device=dev)
     max_rnorm = torch.zeros((), dtype=f64, device=dev)
     sum_r = torch.zeros(D, dtype=f64, device=dev)
-    szr = torch.zeros((D, d_z), dtype=f64, device=dev)  # Σ_i z_di r_i
-    szr_act = torch.zeros((D, d_z), dtype=f64, device=dev)  # Σ_{i∈A_d} z_di r_i
+    szr_t = torch.zeros((d_z, D), dtype=f64, device=dev)  # row d: Σ_i z_di r_i
+    szr_act_t = torch.zeros((d_z, D), dtype=f64, device=dev)  # row d: Σ_{i∈A_d} z_di r_i
     n_on = torch.zeros(d_z, dtype=f64, device=dev)
     off_sum = torch.zeros(d_z, dtype=f64, device=dev)
     kkt = torch.zeros(d_z, dtype=f64, device=dev)
@@ -271,24 +282,26 @@ def stream_diagnostics(
         ats = torch.as_tensor(codes.atoms[sl], device=dev)
         vals = torch.as_tensor(codes.values[sl], dtype=f64, device=dev)
         on = vals > tau
-        # R = X̃ − WZ and the sums Σ_i z_di r_i from the sparse entries (never the dense (d_z, B) codes)
-        Z_sparse = torch.sparse_coo_tensor(torch.stack([ats, pts]), vals, (d_z, B), check_invariants=False).coalesce()
-        R = (Xb - bt[:, None]) - (Z_sparse.t() @ Wt.T).T
-        Phi = (Wt.T @ R) / lam
+        # R = X̃ − WZ and the sums Σ_i z_di r_i as sparse (CSR) products with the batch's entries: never the
+        # dense (d_z, B) codes
+        R = (Xb - bt[:, None]) - (_csr(pts, ats, vals, (B, d_z)) @ Wt.T).T
+        Phi = (Wt.T @ R).div_(lam)
         rnorm = R.norm(dim=0)
         sum_sq += (rnorm * rnorm).sum()
         max_rnorm = torch.maximum(max_rnorm, rnorm.max())
         sum_r += R.sum(dim=1)
-        Rt = R.T
-        szr.index_add_(1, ats, (Rt[pts] * vals[:, None]).T)
-        szr_act.index_add_(1, ats[on], (Rt[pts[on]] * vals[on, None]).T)
+        szr_t += _csr(ats, pts, vals, (d_z, B)) @ R.T
+        szr_act_t += _csr(ats[on], pts[on], vals[on], (d_z, B)) @ R.T
         n_on.index_add_(0, ats[on], torch.ones_like(vals[on]))
         phi_on = Phi[ats[on], pts[on]]
         off_sum += Phi.sum(dim=1) - torch.zeros_like(off_sum).index_add_(0, ats[on], phi_on)
-        # KKT-z: (φ − 1)₊ everywhere (≤ |φ − 1|, so it never hides an active entry), |φ − 1| on A_d
-        kkt = torch.maximum(kkt, (Phi - 1.0).clamp_min(0.0).amax(dim=1))
+        # KKT-z: max over points of (φ − 1)₊ = (max φ − 1)₊ (≤ |φ − 1|, so it never hides an active entry),
+        # and |φ − 1| on A_d
+        kkt = torch.maximum(kkt, (Phi.amax(dim=1) - 1.0).clamp_min(0.0))
         kkt.scatter_reduce_(0, ats[on], (phi_on - 1.0).abs(), reduce="amax")
-        antipode += (-lam * Phi - lam).clamp_min(0.0).pow(2).sum(dim=1)
+        neg = torch.neg(Phi).sub_(1.0).clamp_min_(0.0)  # (−φ − 1)₊: the antipode's codes over λ
+        antipode += neg.mul_(neg).sum(dim=1).mul_(lam * lam)
+        del neg
         if U is not None:
             gains += (U.T @ R - lam).clamp_min(0.0).pow(2).sum(dim=1)
         # (5′) min summand, per point: a_i = min over atoms off at i of (1 − φ_id), times max/min π_ji over
@@ -309,11 +322,11 @@ def stream_diagnostics(
 
     live = (n_on > 0).cpu().numpy()
     safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))
-    mean_res = szr / (lam * safe_mass)  # column d: Σ_i π_di r_i / λ
+    mean_res = szr_t.T / (lam * safe_mass)  # column d: Σ_i π_di r_i / λ
     s1 = torch.linalg.vector_norm(Wt - mean_res, dim=0)
     along = (Wt * mean_res).sum(dim=0)
     r2 = torch.linalg.vector_norm(mean_res - Wt * along, dim=0)
-    hull = _column_blocks_max(Wt, Wt - szr_act / (lam * safe_mass))
+    hull = _column_blocks_max(Wt, Wt - szr_act_t.T / (lam * safe_mass))
     hull_prime = _column_blocks_max(Wt, Wt - mean_res)
     n_off = N - n_on
     ok = (n_on > 0) & (n_off > 0)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from numpy.typing import NDArray
 
@@ -170,7 +171,7 @@ def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArra
         metrics.update(rows, x_hat, z_raw)
         encoder_parts.append(SparseCodes.from_dense(np.abs(z_raw.T), offset=start))
         signed = signed or bool(np.any(z_raw < 0))
-        r_enc = x_in - b[:, None] - W @ z_unit.T
+        r_enc = x_in - b[:, None] - np.asarray(sp.csr_array(z_unit) @ W.T).T  # sparse decode (k ≪ d_z)
         enc_sum += float(np.sum(r_enc * r_enc) + 2.0 * lam * np.abs(z_unit).sum())
         bar.update(rows.shape[0])
     bar.close()

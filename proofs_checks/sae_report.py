@@ -62,6 +62,9 @@ ANTIPODAL_COSINE = -0.9
 DENSE_FIRING = 0.5
 #: Atoms listed as the ones that moved most under polishing.
 TOP_MOVERS = 10
+#: New-atom candidates (the best on the residual sample) whose gain is streamed over every token; an
+#: unrefined antipode start's gain over every token is its ``antipode_gain``, reported anyway.
+NEW_ATOM_CANDIDATES = 64
 
 
 @dataclass(frozen=True)
@@ -300,7 +303,10 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
 
     t = time.perf_counter()
     cols = first.sample_cols
-    labels, U, _ = search_starts(first.X_in[:, cols] - b[:, None] - first.codes.decode_points(W, cols), lam, W)
+    labels, U, sample_gains = search_starts(first.X_in[:, cols] - b[:, None] - first.codes.decode_points(W, cols),
+                                            lam, W)
+    keep = np.sort(np.argsort(-sample_gains, kind="stable")[:NEW_ATOM_CANDIDATES])  # the rest: antipode_gain covers them
+    labels, U = [labels[i] for i in keep], U[:, keep]
     timings["new_atom_search"] = time.perf_counter() - t
 
     t = time.perf_counter()

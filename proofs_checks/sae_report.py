@@ -74,7 +74,7 @@ class SaeCheckSettings:
     ``auto_tokens``: sample for ``auto``; ``search_tokens``: residual sample for the new-atom starts;
     ``hull``: the §8 Q1 distances for the ``hull_atoms`` atoms with the largest (5) violation on
     ``hull_tokens`` evenly spaced tokens;
-    ``polish_tokens`` and ``polish_iters``: the sample and the sweep cap of ``polish``. ``tol``: relative
+    ``polish_tokens`` (None: all) and ``polish_iters``: the sample and the sweep cap of ``polish``. ``tol``: relative
     KKT tolerance of the exact codes; ``warm_start``: start them from the encoder's supports (never changes
     the codes, only the time)."""
 
@@ -84,7 +84,7 @@ class SaeCheckSettings:
     hull_atoms: int = 32
     hull_tokens: int = 2048
     polish: bool = False
-    polish_tokens: int = 2048
+    polish_tokens: int | None = None
     polish_iters: int = 300
     auto_tokens: int = 4096
     search_tokens: int = 8192
@@ -352,8 +352,12 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     )
     if s.polish:
         t = time.perf_counter()
-        columns = np.unique(np.linspace(0, N - 1, min(N, s.polish_tokens)).round().astype(np.int64))
+        n_polish = N if s.polish_tokens is None else min(N, s.polish_tokens)
+        columns = np.unique(np.linspace(0, N - 1, n_polish).round().astype(np.int64))
         report["polish"] = _polish_report(W, b, first.X_in, lam, s, columns)
+        if n_polish < 4 * d_z:
+            report["notes"].append(f"polishing used {n_polish} tokens for {d_z} atoms: with fewer than ~4 tokens per "
+                                   "atom, atoms can specialise to single tokens, so the polished point overfits")
         timings["polish"] = time.perf_counter() - t
     report["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     report["verdict"] = verdict_text(report)

@@ -25,7 +25,8 @@ SCALES = (
     "  KKT-z     max |ŵ_dᵀr_i/λ − 1| on active codes and (ŵ_dᵀr_i/λ − 1)₊ off them: 0.05 means a residual "
     "correlates 5% of λ beyond what an optimum allows.",
     "  S1        max ‖ŵ_d − Σ_i π_di r_i/λ‖: the distance between a unit atom and the activation-weighted mean of "
-    "its residuals in units of λ; 1 ≈ the atom is orthogonal to where its residuals point, 2 = opposite.",
+    "its residuals in units of λ (at an optimum that mean is the atom itself); 1 is as far as a unit vector from "
+    "its orthogonal complement, and values above 2 mean the residuals an atom fires on are many λ long.",
     "  hull (5)  max over atoms of the largest gap between its cosine vector and the weighted mean of its points' "
     "φ_i (same units as KKT).",
     "  antipode gain, new-atom gain: how much (1) would drop (mean per token) by adding −ŵ_d, or the best atom found.",
@@ -86,7 +87,7 @@ def check_sae(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck check-sae``."""
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if min(args.polish_tokens, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:
+    if min(args.polish_tokens or 1, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:
         raise UserError("--polish-tokens, --polish-iters, --hull-atoms and --hull-tokens must be >= 1")
     settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull, hull_atoms=args.hull_atoms,
                                 hull_tokens=args.hull_tokens, polish=args.polish,
@@ -117,8 +118,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--lam", type=_lam_arg, metavar="L|auto", help="λ of objective (1); 'auto': the λ at which exact "
                    "codes are as sparse as the SAE's; default: the folder's λ for L1 SAEs, else auto")
     p.add_argument("--polish", action="store_true", help="also polish the decoder to the nearest stationary point "
-                   "and compare (on --polish-tokens evenly spaced tokens)")
-    p.add_argument("--polish-tokens", type=int, default=2048, metavar="N", help="tokens polishing uses (default 2048)")
+                   "and compare (each sweep solves exact codes on the polishing tokens)")
+    p.add_argument("--polish-tokens", type=int, metavar="N", help="evenly spaced tokens polishing uses (default: all; "
+                   "use at least ~4 per atom)")
     p.add_argument("--polish-iters", type=int, default=300, metavar="S", help="sweep cap of polishing (default 300)")
     p.add_argument("--hull", action="store_true", help="also the distances to the four hull candidates of "
                    "docs/theory.md §8 Q1 (one QP per atom) for the --hull-atoms atoms where (5) is violated most, "

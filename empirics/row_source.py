@@ -26,11 +26,11 @@ class RowSource:
     name: str
 
     def rows(self, start: int, stop: int) -> NDArray[np.float64]:
-        """Rows start … stop − 1 as float64 (ValueError when any is NaN or inf)."""
+        """Rows start … stop − 1 as a fresh, writable float64 array (ValueError when any is NaN or inf)."""
         if isinstance(self.data, np.ndarray):
-            block = np.asarray(self.data[start:stop], dtype=np.float64)
+            block = np.array(self.data[start:stop], dtype=np.float64)
         else:
-            block = np.asarray(self.data[np.arange(start, stop)], dtype=np.float64)
+            block = np.array(self.data[np.arange(start, stop)], dtype=np.float64)
         if not np.isfinite(block).all():
             raise ValueError(f"{self.name}: rows {start}…{stop - 1} contain NaN or inf")
         return block
@@ -46,7 +46,7 @@ class RowSource:
         if n >= self.n_rows:
             return self.rows(0, self.n_rows)
         idx = np.unique(np.linspace(0, self.n_rows - 1, n).round().astype(np.int64))
-        block = np.asarray(self.data[idx], dtype=np.float64)
+        block = np.array(self.data[idx], dtype=np.float64)
         if not np.isfinite(block).all():
             raise ValueError(f"{self.name}: the sampled rows contain NaN or inf")
         return block

@@ -210,10 +210,15 @@ def _bar(enabled: bool, total: int, desc: str) -> Any:
 
 
 def _polish_report(W: NDArray, b: NDArray, X: NDArray, lam: float, settings: SaeCheckSettings,
-                   columns: NDArray) -> dict[str, Any]:
-    """Polish from (W, b) on the sample ``columns`` of X and compare (JSON ``polish``)."""
+                   columns: NDArray, log: Callable[[str], None]) -> dict[str, Any]:
+    """Polish from (W, b) on the sample ``columns`` of X and compare (JSON ``polish``); one log line per sweep."""
     Xs = X[:, columns]
-    fit = polish_dictionary(W, b, Xs, lam, max_iter=settings.polish_iters, tol=min(settings.tol, 1e-10))
+
+    def on_sweep(sweep: int, objective: float, moved: float) -> None:
+        log(f"polish sweep {sweep}/{settings.polish_iters}: objective {objective:.6g}, largest atom move {moved:.2e}")
+
+    fit = polish_dictionary(W, b, Xs, lam, max_iter=settings.polish_iters, tol=min(settings.tol, 1e-10),
+                            on_sweep=on_sweep)
     cos = np.sum(W * fit.W, axis=0)
     after = stream_diagnostics(fit.W, fit.codes, fit.b, column_batches(Xs, batch_size_for(W.shape[1], Xs.shape[1])),
                                lam, learned_bias=True, device=settings.device).diagnostics
@@ -354,7 +359,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
         t = time.perf_counter()
         n_polish = N if s.polish_tokens is None else min(N, s.polish_tokens)
         columns = np.unique(np.linspace(0, N - 1, n_polish).round().astype(np.int64))
-        report["polish"] = _polish_report(W, b, first.X_in, lam, s, columns)
+        report["polish"] = _polish_report(W, b, first.X_in, lam, s, columns, say)
         if n_polish < 4 * d_z:
             report["notes"].append(f"polishing used {n_polish} tokens for {d_z} atoms: with fewer than ~4 tokens per "
                                    "atom, atoms can specialise to single tokens, so the polished point overfits")

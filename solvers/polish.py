@@ -19,6 +19,7 @@ lose all their points die (their codes stay 0); a dead atom can come back in ste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,9 +52,12 @@ def _objective(R: NDArray, codes: SparseCodes, lam: float) -> float:
 
 
 def polish_dictionary(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, *, learn_bias: bool = True,
-                      max_iter: int = 2000, step_tol: float = 1e-10, tol: float = 1e-10) -> PolishResult:
+                      max_iter: int = 2000, step_tol: float = 1e-10, tol: float = 1e-10,
+                      on_sweep: Callable[[int, float, float], None] | None = None) -> PolishResult:
     """Block coordinate descent from (W, b) on points X (D, N) at λ (module docstring). W's columns are
-    normalised first (zero columns are not allowed). ``tol`` is the KKT tolerance of the exact codes."""
+    normalised first (zero columns are not allowed). ``tol`` is the KKT tolerance of the exact codes, which
+    each sweep warm-starts from the previous sweep's codes. ``on_sweep(sweep, objective, max_atom_move)`` is
+    called after every sweep (progress reporting)."""
     W = np.array(W, dtype=np.float64)
     X = np.asarray(X, dtype=np.float64)
     b = np.array(b, dtype=np.float64).reshape(-1)
@@ -62,11 +66,12 @@ def polish_dictionary(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, *, l
         raise ValueError(f"atoms {np.flatnonzero(norms == 0).tolist()} are zero and cannot be polished")
     W /= norms
 
-    def codes_for(W: NDArray, b: NDArray) -> tuple[SparseCodes, NDArray]:
-        codes = SparseCodes.from_matrix(exact_codes(W, X, b, lam, tol=tol, sparse_output=True).Z)
+    def codes_for(W: NDArray, b: NDArray, init: SparseCodes | None) -> tuple[SparseCodes, NDArray]:
+        warm = None if init is None else init.to_matrix()
+        codes = SparseCodes.from_matrix(exact_codes(W, X, b, lam, tol=tol, sparse_output=True, init=warm).Z)
         return codes, centred(X, b) - codes.decode(W)
 
-    codes, R = codes_for(W, b)
+    codes, R = codes_for(W, b, None)
     before = _objective(R, codes, lam)
     history: list[float] = []
     converged = False
@@ -88,9 +93,11 @@ def polish_dictionary(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, *, l
             shift = R.mean(axis=1)
             b = b + shift
             R -= shift[:, None]
-        codes, R = codes_for(W, b)
+        codes, R = codes_for(W, b, codes)
         history.append(_objective(R, codes, lam))
         moved = float(np.max(np.linalg.norm(W - W_prev, axis=0), initial=0.0))
+        if on_sweep is not None:
+            on_sweep(it, history[-1], moved)
         if moved <= step_tol and float(np.linalg.norm(b - b_prev)) <= step_tol * lam:
             converged = True
             break

@@ -1,6 +1,8 @@
 """Crash-safe file writes: a fsynced temporary file next to the target, then ``os.replace``.
 
-A reader sees either the old file or the complete new one, never a partial write.
+A reader sees either the old file or the complete new one, never a partial write. The files get
+the permissions of a plain ``open()`` (0666 less the umask; the temporary file starts as 0600), so
+a group that shares the output folder can read them.
 """
 
 from __future__ import annotations
@@ -9,6 +11,17 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+
+
+def _umask() -> int:
+    """The process umask (read from /proc where possible: setting it to read it is not thread-safe)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def staged_file(path: Path, data: bytes) -> Path:
@@ -20,6 +33,7 @@ def staged_file(path: Path, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

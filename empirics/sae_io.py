@@ -54,6 +54,7 @@ import torch
 
 from dictcheck.empirics.atomic_files import fsync_dir as _fsync_dir
 from dictcheck.empirics.atomic_files import staged_file as _atomic_write_bytes
+from dictcheck.empirics.safe_io import read_json as safe_read_json
 
 __all__ = [
     "CFG_FILE",
@@ -370,12 +371,14 @@ def _check_sparsity(sp: torch.Tensor, cfg: SaeConfig, source: str) -> None:
 
 # ---------------------------------------------------------------------- loading
 def read_json(path: Path) -> Any:
+    """A JSON file of an SAE folder, read with the limits of :func:`dictcheck.empirics.safe_io.read_json`
+    (1 MiB, 64 levels: a folder may come from anyone); SaeFormatError (one line) otherwise."""
     if not path.is_file():
         raise SaeFormatError(f"{path}: file is missing")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SaeFormatError(f"{path}: unreadable JSON ({exc})") from None
+        return safe_read_json(path, "SAE file")
+    except ValueError as exc:
+        raise SaeFormatError(str(exc)) from None
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:

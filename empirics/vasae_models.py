@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from typing import Any
 
 import numpy as np
@@ -53,6 +52,7 @@ import torch
 from torch import Tensor
 
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.safe_io import read_npy
 
 __all__ = [
     "ANCHOR_MODES",
@@ -149,9 +149,7 @@ def embedding_sha256(E: np.ndarray) -> str:
 @functools.lru_cache(maxsize=4)
 def _cached_embedding(source: str) -> np.ndarray:
     if source.endswith(".npy"):
-        if not os.path.isfile(source):
-            raise ValueError(f"anchor_source {source!r}: no such .npy file")
-        E = np.load(source, allow_pickle=False)
+        E = read_npy(source, "anchor_source")
     else:
         from dictcheck.empirics.lm_models import load_lm
 
@@ -161,6 +159,8 @@ def _cached_embedding(source: str) -> np.ndarray:
         raise ValueError(f"anchor_source {source!r}: embedding must be a (V, D) matrix, got shape {list(E.shape)}")
     if not np.isfinite(E).all():
         raise ValueError(f"anchor_source {source!r}: embedding has non-finite entries")
+    if float(np.abs(E).max()) > float(np.finfo(np.float32).max):
+        raise ValueError(f"anchor_source {source!r}: embedding entries exceed the float32 range")
     E = np.array(E, dtype=np.float32)
     E.setflags(write=False)
     return E

@@ -22,6 +22,14 @@ from dictcheck.empirics.sae_folder import load_featurizer
 from dictcheck.empirics.sae_io import SaeConfig
 from dictcheck.empirics.training import TrainConfig, TrainResult
 from dictcheck.empirics.training import train as train_model
+from dictcheck.proofs_checks.cli.inputs import (
+    CODES_TOL_RANGE,
+    checked_bias,
+    checked_dictionary,
+    checked_lambda,
+    checked_points,
+    checked_range,
+)
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.proofs_checks.runner import run_suite, select_checks
 from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
@@ -48,40 +56,17 @@ __all__ = [
 
 
 def rows(X: ArrayLike, what: str = "X") -> NDArray[np.float64]:
-    """``X`` as a finite float64 (N, D) array, one point per row, N, D ≥ 1 (ValueError otherwise)."""
-    A = np.asarray(X)
-    if A.dtype.kind not in "biuf":
-        raise ValueError(f"{what} must hold real numbers, got dtype {A.dtype}")
-    if A.ndim != 2 or A.shape[0] < 1 or A.shape[1] < 1:
-        raise ValueError(f"{what} must have shape (N, D) with one point per row, got {A.shape}")
-    A = A.astype(np.float64)
-    if not np.isfinite(A).all():
-        raise ValueError(f"{what} contains NaN or inf")
-    return A
+    """``X`` as a float64 (N, D) array, one point per row, N, D ≥ 1, of real finite numbers of magnitude
+    ≤ 1e50 (ValueError otherwise; :func:`dictcheck.proofs_checks.cli.inputs.checked_points`)."""
+    return checked_points(X, what)
 
 
 def _lam(lam: float) -> float:
-    if isinstance(lam, bool) or not isinstance(lam, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(lam) or lam <= 0:
-        raise ValueError(f"lam must be a positive finite number, got {lam!r}")
-    return float(lam)
+    return checked_lambda(lam, "lam")
 
 
 def _bias(bias: ArrayLike | None, D: int) -> NDArray[np.float64] | None:
-    if bias is None:
-        return None
-    b = np.asarray(bias, dtype=np.float64).reshape(-1)
-    if b.size != D or not np.isfinite(b).all():
-        raise ValueError(f"bias must be {D} finite numbers (the data have D = {D}), got shape {np.shape(bias)}")
-    return b
-
-
-def _dictionary(W: ArrayLike, D: int) -> NDArray[np.float64]:
-    A = np.asarray(W, dtype=np.float64)
-    if A.ndim != 2 or A.shape[1] < 1 or A.shape[0] != D or not np.isfinite(A).all():
-        raise ValueError(f"the dictionary must be a finite (D, d_z) array with D = {D} (one atom per column), "
-                         f"got shape {A.shape}")
-    return A
+    return None if bias is None else checked_bias(bias, D, "bias")
 
 
 def geometric_median(X: ArrayLike) -> dict[str, Any]:
@@ -109,8 +94,7 @@ def wide_limit(X: ArrayLike, lam: float, *, bias: ArrayLike | None = None,
     ``learned_bias``, ``ray_tol``, ``lam``. ``bias`` fixes b (default: the Huber median)."""
     X = rows(X)
     lam = _lam(lam)
-    if not math.isfinite(ray_tol) or ray_tol < 0:
-        raise ValueError(f"ray_tol must be a non-negative angle in radians, got {ray_tol!r}")
+    ray_tol = checked_range(ray_tol, "ray_tol (radians)", 0.0, math.pi)
     s = solve_wide_limit(X.T, lam, b=_bias(bias, X.shape[1]), ray_tol=ray_tol)
     return {"b": s.b, "objective": s.objective, "n_rays": s.n_rays, "atoms": s.rays.atoms.T,
             "certified_gap": s.certified_gap, "attained_objective": s.attained_objective,
@@ -136,8 +120,9 @@ def exact_codes(W: ArrayLike, X: ArrayLike, lam: float, *, bias: ArrayLike | Non
     (relative, ≤ ``tol``; docs/theory.md §1 (KKT-z))."""
     X = rows(X)
     lam = _lam(lam)
-    W = _dictionary(W, X.shape[1])
+    W = checked_dictionary(W, X.shape[1])
     b = _bias(bias, X.shape[1])
+    tol = checked_range(tol, "tol", *CODES_TOL_RANGE)
     r = solve_exact_codes(W, X.T, np.zeros(X.shape[1]) if b is None else b, lam, tol=tol)
     return {"codes": np.ascontiguousarray(r.Z.T), "kkt_violation": r.kkt_violation}
 
@@ -151,7 +136,8 @@ def check_dictionary(W: ArrayLike, X: ArrayLike, lam: float, *, bias: ArrayLike 
     ``hull_candidates`` adds the four hull distances of docs/theory.md §8 Q1 (one QP per atom)."""
     X = rows(X)
     lam = _lam(lam)
-    W = _dictionary(W, X.shape[1])
+    W = checked_dictionary(W, X.shape[1])
+    tol = checked_range(tol, "tol", *CODES_TOL_RANGE)
     result = run_dictionary_check(W, X.T, lam, b=_bias(bias, X.shape[1]), learn=learn_bias, tol=tol,
                                   hull_candidates=hull_candidates, progress=progress)
     return summary(result)

@@ -91,7 +91,7 @@ def test_bad_bias_file_and_not_npy(tmp_path: Path, c3: Path, capsys: pytest.Capt
     (tmp_path / "junk.npy").write_text("not an array")
     assert main(["solve", "wide-limit", "--data", str(tmp_path / "junk.npy"), "--lam", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 2 and "bias file" in err and "not a readable" in err
+    assert err.count("\n") == 2 and "bias file" in err and "not an .npy file" in err
 
 
 def test_run_writes_results_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

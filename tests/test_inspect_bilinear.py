@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -12,25 +11,12 @@ import torch
 
 from dictcheck.empirics.architectures import build_model
 from dictcheck.empirics.sae_folder import new_sae_config, save_sae
-from dictcheck.proofs_checks.cli import inspect_bilinear as cmd_inspect_bilinear
-from dictcheck.proofs_checks.cli import OneLineParser, main
+from dictcheck.proofs_checks.cli import main
 from dictcheck.theory.quadric_geometry import FactoredForms, readout
 
 
 def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """cli.main with inspect-bilinear registered (the lead adds it to cli.build_parser)."""
-    from dictcheck.proofs_checks import cli
-
-    original = cli.build_parser
-
-    def parser() -> OneLineParser:
-        p = original()
-        sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-        if "inspect-bilinear" not in sub.choices:
-            cmd_inspect_bilinear.add_parser(sub)
-        return p
-
-    monkeypatch.setattr(cli, "build_parser", parser)
+    """cli.main (inspect-bilinear is registered in cli.COMMANDS)."""
     return main(argv)
 
 

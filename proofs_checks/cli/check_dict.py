@@ -14,12 +14,16 @@ import json
 import sys
 from typing import Any
 
-import numpy as np
-
-from dictcheck.proofs_checks.cli.inputs import load_array, load_points, positive_lambda
-from dictcheck.proofs_checks.dictionary_report import summary
-from dictcheck.proofs_checks.errors import UserError
-from dictcheck.solvers.dictionary_check import check_dictionary
+from dictcheck.proofs_checks.cli.inputs import (
+    CODES_TOL_RANGE,
+    checked_bias,
+    checked_dictionary,
+    checked_range,
+    finite_result,
+    load_array,
+    load_points,
+    positive_lambda,
+)
 
 
 def _fmt(value: float | None) -> str:
@@ -60,25 +64,17 @@ def print_human(s: dict[str, Any]) -> None:
 def check_dict(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck check-dict``."""
     lam = positive_lambda(args.lam)
-    W = load_array(args.dict, "dictionary")
-    if W.ndim != 2:
-        raise UserError(f"dictionary file {args.dict} must be 2-D (D, d_z), got shape {W.shape}")
-    if W.shape[1] == 0:
-        raise UserError(f"dictionary file {args.dict} has zero atoms (shape {W.shape})")
+    tol = checked_range(args.tol, "--tol", *CODES_TOL_RANGE)
     X = load_points(args.data)
-    if W.shape[0] != X.shape[1]:
-        raise UserError(f"dictionary has D = {W.shape[0]} rows but the data have D = {X.shape[1]} columns")
-    zero = np.flatnonzero(np.linalg.norm(W, axis=0) == 0)
-    if zero.size:
-        raise UserError(f"dictionary atoms {zero.tolist()} are zero and cannot be normalised")
-    bias = None
-    if args.bias is not None:
-        bias = load_array(args.bias, "bias").reshape(-1)
-        if bias.size != X.shape[1]:
-            raise UserError(f"bias file {args.bias} has {bias.size} entries but the data have D = {X.shape[1]}")
-    result = check_dictionary(W, X.T, lam, b=bias, learn=args.learn_bias, tol=args.tol,
+    W = checked_dictionary(load_array(args.dict, "dictionary"), X.shape[1], f"dictionary file {args.dict}")
+    bias = None if args.bias is None else checked_bias(load_array(args.bias, "bias"), X.shape[1],
+                                                        f"bias file {args.bias}")
+    from dictcheck.proofs_checks.dictionary_report import summary
+    from dictcheck.solvers.dictionary_check import check_dictionary
+
+    result = check_dictionary(W, X.T, lam, b=bias, learn=args.learn_bias, tol=tol,
                               hull_candidates=args.hull, progress=sys.stderr.isatty())
-    s = summary(result)
+    s = finite_result(summary(result), "check-dict")
     if args.json:
         print(json.dumps(s))
     else:
@@ -95,7 +91,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     bias = p.add_mutually_exclusive_group()
     bias.add_argument("--bias", metavar="b.npy", help="fixed decoder bias (D,)")
     bias.add_argument("--learn-bias", action="store_true", help="use the bias that is optimal for this dictionary")
-    p.add_argument("--tol", type=float, default=1e-8, help="relative KKT tolerance of the exact codes (default 1e-8)")
+    p.add_argument("--tol", type=float, default=1e-8, help="relative KKT tolerance of the exact codes, in "
+                   f"[{CODES_TOL_RANGE[0]:g}, {CODES_TOL_RANGE[1]:g}] (default 1e-8)")
     p.add_argument("--hull", action="store_true", help="also the distances to the four hull candidates of "
                    "docs/theory.md §8 Q1 (one QP per atom; slow on large data)")
     p.add_argument("--json", action="store_true", help="print a JSON object")

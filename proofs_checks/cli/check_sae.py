@@ -16,6 +16,7 @@ from typing import Any
 
 from dictcheck.empirics.sae_io import SaeFormatError
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
+from dictcheck.proofs_checks.cli.inputs import finite_result, positive_lambda, scan_points_file
 from dictcheck.proofs_checks.errors import UserError
 from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, sae_report
 
@@ -89,6 +90,9 @@ def check_sae(args: argparse.Namespace) -> int:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if min(args.polish_tokens or 1, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:
         raise UserError("--polish-tokens, --polish-iters, --hull-atoms and --hull-tokens must be >= 1")
+    if isinstance(args.lam, float):
+        positive_lambda(args.lam)
+    scan_points_file(args.data)  # an .npy file: format, dtype, shape, finite, magnitude (stores check themselves)
     settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull, hull_atoms=args.hull_atoms,
                                 hull_tokens=args.hull_tokens, polish=args.polish,
                                 polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
@@ -99,6 +103,7 @@ def check_sae(args: argparse.Namespace) -> int:
                             log=None if quiet else lambda msg: print(f"[check-sae] {msg}", file=sys.stderr, flush=True))
     except (SaeFormatError, ValueError) as exc:
         raise UserError(str(exc).splitlines()[0]) from None
+    finite_result(report, "check-sae", allow=("metrics.rel_recon_bias",))
     if args.json:
         print(json.dumps(report))
     else:

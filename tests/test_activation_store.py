@@ -156,6 +156,10 @@ def test_hash_mismatch_is_an_error(store, tmp_path):
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["shards"][2]["rows"] = 45
     (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"n_tokens is 300 but the shards hold 301 rows"):
+        open_activations(copy, verify=False)
+    manifest["n_tokens"] = 301
+    (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match=r"shard_00002.npy is missing or not float32 of shape \(45, 16\)"):
         open_activations(copy, verify=False)
     with pytest.raises(ValueError, match="not an activation directory"):

@@ -16,22 +16,28 @@ import argparse
 import json
 import time
 
-from dictcheck.empirics.activation_store import extract_activations
+from dictcheck.empirics.activation_store import check_extraction, extract_activations
 from dictcheck.empirics.lm_models import BUILTIN_MODELS, load_lm
+from dictcheck.proofs_checks.cli.inputs import output_dir
 from dictcheck.proofs_checks.errors import UserError
 
 
 def run_activations(args: argparse.Namespace) -> int:
-    """Handler of ``dictcheck activations``."""
+    """Handler of ``dictcheck activations``: the flags, the output folder and (from the model's config,
+    before its weights load) the layer, context, memory and free disk are checked first."""
     for flag, value in (("--tokens", args.tokens), ("--context", args.context), ("--batch-size", args.batch_size),
                         ("--shard-tokens", args.shard_tokens)):
         if value < (2 if flag == "--context" else 1):
             raise UserError(f"{flag} must be at least {2 if flag == '--context' else 1}, got {value}")
+    if args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    out = output_dir(args.out)
     try:
-        lm = load_lm(args.model)
-        lm.check_layer(args.layer)
+        lm = load_lm(args.model, check=lambda shape: check_extraction(
+            shape, args.layer, args.tokens, out, context=args.context, batch_size=args.batch_size,
+            shard_tokens=args.shard_tokens))
         t0 = time.perf_counter()
-        store = extract_activations(lm, args.layer, args.tokens, args.out, context=args.context,
+        store = extract_activations(lm, args.layer, args.tokens, out, context=args.context,
                                     batch_size=args.batch_size, shard_tokens=args.shard_tokens, seed=args.seed,
                                     progress=False if args.json else None)
     except ValueError as exc:

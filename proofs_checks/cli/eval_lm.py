@@ -30,9 +30,11 @@ import torch
 
 from dictcheck.empirics.activation_store import token_windows
 from dictcheck.empirics.lm_metrics import alignment_metrics, feature_names, splice_metrics
-from dictcheck.empirics.lm_models import load_lm
+from dictcheck.empirics.lm_models import LMShape, load_lm
+from dictcheck.empirics.safe_io import check_memory
 from dictcheck.empirics.sae_formats import load_any_sae
-from dictcheck.empirics.sae_io import SaeFormatError
+from dictcheck.empirics.sae_io import SaeConfig, SaeFormatError
+from dictcheck.proofs_checks.cli.inputs import finite_result
 from dictcheck.proofs_checks.errors import UserError
 
 _SHOWN = ("ve", "fvu", "mse_per_element", "l0", "dead_frac", "ce_clean", "ce_sae", "ce_zero", "ce_recovered",
@@ -46,24 +48,40 @@ def _positive(name: str, value: int, low: int = 1) -> None:
         raise UserError(f"{name} must be >= {low}, got {value}")
 
 
+def _check_request(shape: LMShape, cfg: SaeConfig, sae_dir: str, layer: int, tokens: int, context: int,
+                   batch_size: int) -> None:
+    """What can be checked from the model's config before its weights load: the layer, the context
+    (at most the model's positions), the SAE's width, and the memory of one spliced forward pass
+    (the LM with its logits, plus the SAE's codes and reconstruction) with the evaluated rows kept
+    for the metrics (x and x̂ in float64, and their concatenation)."""
+    shape.check_layer(layer)
+    shape.check_context(context)
+    if cfg.d_in != shape.d_model:
+        raise ValueError(f"{sae_dir} has d_in={cfg.d_in} but {shape.name}'s residual width is {shape.d_model}")
+    sae_bytes = 2 * batch_size * context * (cfg.d_sae + cfg.d_in) * 4
+    kept_rows = 4 * tokens * cfg.d_in * 8
+    check_memory(shape.forward_bytes(batch_size, context, logits=True) + sae_bytes + kept_rows,
+                 f"eval-lm on {shape.name} (--tokens {tokens}, --batch-size {batch_size} x --context {context})")
+
+
 def evaluate(sae_dir: str, layer: int, model: str = "smollm2", tokens: int = 2048, context: int = 128,
              batch_size: int = 4, seed: int = 1, names: int = 10) -> dict[str, Any]:
-    """The eval-lm report as a JSON-ready dict (UserError for bad input)."""
+    """The eval-lm report as a JSON-ready dict (UserError for bad input, found before the model's
+    weights load where the config suffices)."""
     _positive("--tokens", tokens)
     _positive("--context", context, 2)
     _positive("--batch-size", batch_size)
     _positive("--names", names, 0)
+    _positive("--seed", seed, 0)
     try:
         sae, cfg, _ = load_any_sae(sae_dir)
     except (SaeFormatError, ValueError, OSError) as exc:
         raise UserError(str(exc).splitlines()[0]) from None
     try:
-        lm = load_lm(model)
-        lm.check_layer(layer)
+        lm = load_lm(model, check=lambda shape: _check_request(shape, cfg, sae_dir, layer, tokens, context,
+                                                                   batch_size))
     except ValueError as exc:
         raise UserError(str(exc).splitlines()[0]) from None
-    if cfg.d_in != lm.d_model:
-        raise UserError(f"{sae_dir} has d_in={cfg.d_in} but {model}'s residual width is {lm.d_model}")
     hook = cfg.dictcheck.get("hook")
     if isinstance(hook, dict) and hook.get("module") not in (None, lm.hook_spec(layer)["module"]):
         raise UserError(f"{sae_dir} was trained at hook {hook['module']!r}, not {lm.hook_spec(layer)['module']!r} (--layer {layer})")
@@ -98,8 +116,8 @@ def _fmt(v: Any) -> str:
 
 def run_eval_lm(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck eval-lm``."""
-    report = evaluate(args.sae_dir, args.layer, args.model, args.tokens, args.context, args.batch_size, args.seed,
-                      args.names)
+    report = finite_result(evaluate(args.sae_dir, args.layer, args.model, args.tokens, args.context, args.batch_size,
+                                    args.seed, args.names), "eval-lm")
     if args.json:
         print(json.dumps(report))
         return 0

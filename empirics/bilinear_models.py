@@ -156,8 +156,11 @@ class BilinearAutoencoder(Featurizer):
         """Scale U (and V) by c^{1/4}, c = Σ‖z‖²/Σ zᵀKz on CALIBRATION_TOKENS seeded isotropic unit tokens.
 
         T̂ scales as c, so this is the least-squares overall scale of the reconstruction on isotropic
-        data and the initial loss there is 1 − (Σ‖z‖²)²/(N Σ zᵀKz) < 1 (Decision).
+        data and the initial loss there is 1 − (Σ‖z‖²)²/(N Σ zᵀKz) < 1 (Decision). Skipped for a model
+        built on the meta device (shapes only, e.g. to estimate memory before allocating).
         """
+        if self.U.is_meta:
+            return
         x = torch.randn(CALIBRATION_TOKENS, self.d_in, generator=gen, dtype=torch.float64).to(self.U.dtype)
         xn = x / x.norm(dim=1, keepdim=True)
         C_eff = self.effective_C() if self.prior == "compound" else None

@@ -97,6 +97,7 @@ from dictcheck.empirics.architectures import sae_default_lr as default_lr
 from dictcheck.empirics.checkpoints import (
     CHECKPOINT_DIR,
     CKPT_FORMAT,
+    check_checkpoint,
     checkpoints,
     latest_checkpoint,
     resume_checkpoint,
@@ -107,6 +108,7 @@ from dictcheck.empirics.checkpoints import (
 from dictcheck.empirics.distributed import World, current_world, rank_seed
 from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.metrics import reconstruction_metrics
+from dictcheck.empirics.safe_io import ResourceError, check_free_space, check_memory, folder_lock
 from dictcheck.empirics.sae_folder import new_sae_config, save_sae
 from dictcheck.solvers.medians import geometric_median, huber_median
 
@@ -126,6 +128,8 @@ __all__ = [
     "torch_threads",
     "train",
     "latest_checkpoint",
+    "training_memory_bytes",
+    "check_training_memory",
 ]
 
 #: Architectures trained here: every registered one, in registration order.
@@ -249,9 +253,16 @@ class TrainConfig:
             raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.device != "auto":
             try:
-                torch.device(self.device)
+                device = torch.device(self.device)
             except (RuntimeError, ValueError):
                 raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}") from None
+            if device.type not in ("cpu", "cuda"):
+                raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            if device.type == "cuda" and not torch.cuda.is_available():
+                raise bad(f"device {self.device!r} asked for, but no CUDA device is available (this torch build "
+                          f"{'has no CUDA' if torch.version.cuda is None else 'sees no GPU'}); use --device cpu")
+            if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+                raise bad(f"device {self.device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
 
     def for_model(self, model: Featurizer) -> TrainConfig:
         """This config validated for ``model``, with the architecture's default lr and centring rule filled in."""
@@ -467,7 +478,7 @@ class _Checkpoints:
     def existing(self) -> bool:
         return self.dir is not None and bool(checkpoints(self.dir))
 
-    def resume(self) -> dict[str, Any] | None:
+    def resume(self) -> tuple[Path, dict[str, Any]] | None:
         return None if self.dir is None else resume_checkpoint(self.dir, self.world)
 
     def write(self, step: int, state: dict[str, Any], device: torch.device) -> Path | None:
@@ -522,6 +533,13 @@ def train(
     i.e. the torchrun process group when one is initialised) makes this one of ``world.size``
     data-parallel ranks: ``batch_size`` is the global batch, each rank trains on its 1/size of it, and
     only rank 0 writes files. Every rank returns the same result.
+    Before anything is allocated or written: the memory the run needs
+    (:func:`training_memory_bytes`) and, with ``out``, the free disk its checkpoints and folder need
+    are checked (:class:`dictcheck.empirics.safe_io.ResourceError`), and ``out`` is locked for the
+    run (:class:`dictcheck.empirics.safe_io.FolderInUseError` while another process trains into it).
+    A checkpoint to resume from is validated field by field first
+    (:func:`dictcheck.empirics.checkpoints.check_checkpoint`); unreadable checkpoints are never
+    skipped silently (:class:`dictcheck.empirics.checkpoints.CheckpointError`).
     Raises ValueError for a bad config, model or data (also a batch_size not divisible by the number of
     ranks, or resuming a checkpoint written by another number of ranks), FileExistsError when
     ``resume`` is False and ``out`` already holds checkpoints, FloatingPointError on a non-finite loss.
@@ -533,27 +551,81 @@ def train(
     if resume and out is None:
         raise ValueError("resume=True needs the output folder out that holds the checkpoints")
     world = current_world() if world is None else world
-    arch = architecture(model.arch)
     Xt = _Rows(X, _model_dtype(model))
-    N, d_in = Xt.shape
+    d_in = Xt.shape[1]
     if d_in != model.d_in:
         raise ValueError(f"X has {d_in} columns but the model was built for d_in = {model.d_in}")
     d_sae = int(model.d_sae)
     device = cfg.resolved_device()
     if world.size > 1 and device.type == "cuda":
         device = torch.device("cuda", world.local_rank)
-    B, steps = int(cfg.batch_size), int(cfg.steps)
+    B = int(cfg.batch_size)
     if B % world.size:
         raise ValueError(f"TrainConfig: batch_size {B} must be divisible by the number of ranks {world.size} "
                          "(batch_size is the global batch)")
-    T_dead = t_dead(steps, B)
     fields = {**model_fields(model), **{name: getattr(cfg, name) for name in _RESULT_FIELDS}}
 
     out_dir = None if out is None else Path(out)
+    check_memory(training_memory_bytes(model, B), f"training {model.arch} with d_sae {d_sae} (batch {B})")
+    if out_dir is not None and world.is_main:
+        check_free_space(out_dir, _output_bytes(model, cfg.keep_checkpoints), f"output folder {out_dir}")
+    held = folder_lock(out_dir, "dictcheck train") if out_dir is not None and world.is_main else contextlib.nullcontext()
+    with held:
+        return _train_into(model, X, Xt, cfg, out_dir, world, device, fields, resume=resume, progress=progress,
+                           on_step=on_step)
+
+
+def _output_bytes(model: Featurizer, keep: int) -> int:
+    """Disk a run writes: ``keep`` + 1 checkpoints alive at once (the new one is written before the
+    oldest goes), each the weights and Adam's two moments, plus the saved folder and 1 MiB of logs."""
+    n = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    return (3 * (keep + 1) + 2) * n * _model_dtype(model).itemsize + (1 << 20)
+
+
+def training_memory_bytes(model: Featurizer, batch_size: int, n_rows: int = 0) -> int:
+    """An estimate of what training ``model`` allocates beyond the model itself: gradients and Adam's
+    two moments (3 × its parameters and buffers), one step's activations
+    (:meth:`Architecture.step_bytes`) and a copy of ``n_rows`` in-memory training rows at the model's
+    dtype. ``model`` may live on the meta device (shapes only, nothing allocated)."""
+    elem = _model_dtype(model).itemsize
+    n = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    step = architecture(model.arch).step_bytes(int(model.d_in), int(model.d_sae), model.arch_options, batch_size, elem)
+    return 3 * n * elem + step + n_rows * int(model.d_in) * elem
+
+
+def check_training_memory(arch: str, d_in: int, d_sae: int, options: Any = None, *, batch_size: int, n_rows: int = 0,
+                          dtype: torch.dtype = torch.float32) -> None:
+    """:class:`dictcheck.empirics.safe_io.ResourceError` (one line) when training would need more memory
+    than is available, decided before the model is built: first the d_sae × d_in matrix every
+    architecture holds (4 copies: weights, gradients, Adam's moments), then the model built on the meta
+    device (shapes only) with :func:`training_memory_bytes`. ValueError for invalid options."""
+    elem = dtype.itemsize
+    what = f"training {arch} with d_in {d_in}, d_sae {d_sae} (batch {batch_size})"
+    check_memory(4 * d_in * d_sae * elem, what)
+    try:
+        with torch.device("meta"):
+            model = architecture(arch).build(d_in, d_sae, options, dtype=dtype)
+    except RuntimeError as exc:
+        raise ResourceError(f"{what}: its tensors are too large to describe ({str(exc).splitlines()[0]})") from None
+    weights = sum(t.numel() for t in (*model.parameters(), *model.buffers())) * elem
+    check_memory(weights + training_memory_bytes(model, batch_size, n_rows), what)
+
+
+def _train_into(model: Featurizer, X: Any, Xt: _Rows, cfg: TrainConfig, out_dir: Path | None, world: World,
+                device: torch.device, fields: dict[str, Any], *, resume: bool, progress: bool | None,
+                on_step: Callable[[int], None] | None) -> TrainResult:
+    """The body of :func:`train` once everything is validated (and ``out_dir`` locked)."""
+    arch = architecture(model.arch)
+    N, d_in = Xt.shape
+    d_sae = int(model.d_sae)
+    B, steps = int(cfg.batch_size), int(cfg.steps)
+    T_dead = t_dead(steps, B)
     store = _Checkpoints(out_dir, world, cfg.keep_checkpoints)
     log_path = None if out_dir is None else out_dir / LOG_FILE
-    ck = store.resume() if resume else None
-    if ck is not None:
+    found = store.resume() if resume else None
+    ck = None if found is None else found[1]
+    if found is not None:
+        check_checkpoint(ck, found[0], model=model, steps=steps, d_sae=d_sae)
         _check_resumable(ck, out_dir, world, fields, Xt.hash, d_in)
     elif not resume and store.existing():
         raise FileExistsError(f"{store.dir} already holds checkpoints; pass resume=True or use an empty out_dir")

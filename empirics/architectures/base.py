@@ -54,6 +54,11 @@ Schema = dict[str, tuple[tuple[int, ...], bool]]
 TOP_LEVEL_OPTIONS = ("k", "lam", "aux_coef")
 
 
+#: Batch-sized buffers at input and code width alive during a training step (default of
+#: :meth:`Architecture.step_bytes`).
+STEP_COPIES = 8
+
+
 def option(default: Any = None, *, help: str, type: type | None = None, choices: tuple[str, ...] | None = None,
            cli: bool = True) -> Any:
     """A field of an options dataclass: its default, and the CLI help, value type and choices.
@@ -154,6 +159,12 @@ class Architecture:
     def weight_schema(self, d_in: int, d_sae: int, fields: Mapping[str, Any]) -> Schema:
         """Saved tensor name -> (shape, required); ``fields`` is ``metadata.dictcheck.<fields_key>``."""
         raise NotImplementedError
+
+    def step_bytes(self, d_in: int, d_sae: int, options: ArchOptions, batch_size: int, elem: int) -> int:
+        """An estimate of the activation memory of one training step (forward and backward) on a batch
+        of ``batch_size`` rows, ``elem`` bytes per number: :data:`STEP_COPIES` copies of the batch at
+        input and at code width (pre-activations, codes, reconstruction, their gradients)."""
+        return STEP_COPIES * batch_size * (d_in + d_sae) * elem
 
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         """Why P ranks with global batch B do NOT train exactly what one process with batch B trains,

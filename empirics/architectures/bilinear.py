@@ -90,6 +90,13 @@ class Bilinear(Architecture):
     def weight_schema(self, d_in: int, d_sae: int, fields: Mapping[str, Any]) -> Schema:
         return {"U": ((d_sae, d_in), True)}
 
+    def step_bytes(self, d_in: int, d_sae: int, options: ArchOptions, batch_size: int, elem: int) -> int:
+        """The default, plus (untiled) the m × m kernel blocks and their autograd copies, m = d_sae
+        (n_atoms for the compound prior)."""
+        m = getattr(options, "n_atoms", None) or d_sae
+        kernel = 0 if getattr(options, "tile", 0) else 3 * m * m * elem
+        return super().step_bytes(d_in, d_sae, options, batch_size, elem) + kernel
+
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         return ("the Hoyer density is computed per latent over each rank's B/P tokens, and the lifted loss is "
                 "normalised by each rank's own count of nonzero tokens")

@@ -43,14 +43,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import REGISTRY, architecture
 from dictcheck.empirics.distributed import SINGLE, World, env_world_size, process_group
 from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.toy_data import TOYS, make_toy
-from dictcheck.empirics.training import TrainConfig, latest_checkpoint, train
-from dictcheck.proofs_checks.cli.inputs import load_points
+from dictcheck.empirics.training import TrainConfig, check_training_memory, latest_checkpoint, train
+from dictcheck.proofs_checks.cli.inputs import load_points, output_dir, positive_lambda
 from dictcheck.proofs_checks.errors import UserError
 
 #: Set by ``--nproc`` for its workers: they leave reporting errors to the launcher.
@@ -101,10 +102,15 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The architecture options given on the command line."""
+    return {name: getattr(args, name) for name in _option_fields() if getattr(args, name, None) is not None}
+
+
 def _model(args: argparse.Namespace, d_in: int) -> Featurizer:
     """The architecture's fresh model with the options given on the command line (seed ``--seed``)."""
-    options = {name: getattr(args, name) for name in _option_fields() if getattr(args, name, None) is not None}
-    return architecture(args.arch).build(d_in, args.d_sae, options, seed=args.seed, dtype=getattr(torch, args.dtype))
+    return architecture(args.arch).build(d_in, args.d_sae, _options(args), seed=args.seed,
+                                         dtype=getattr(torch, args.dtype))
 
 
 def _fault_injection(rank: int) -> Callable[[int], None] | None:
@@ -172,10 +178,25 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None = None) -> int:
-    """Train in this process (rank ``world.rank`` of ``world.size``); rank 0 prints the summary."""
+    """Train in this process (rank ``world.rank`` of ``world.size``); rank 0 prints the summary. The
+    output folder, λ, the anchor source, the data, the config and the memory the run needs are
+    checked before the model is built."""
+    output_dir(args.out)
+    if getattr(args, "lam", None) is not None:
+        positive_lambda(args.lam)
+    if getattr(args, "anchor_source", None) is not None:
+        from dictcheck.empirics.vasae_models import load_embedding
+
+        try:
+            load_embedding(args.anchor_source)  # cached: the model's first forward reuses it
+        except ValueError as exc:
+            raise UserError(f"--anchor-source: {str(exc).splitlines()[0]}") from None
     X = _data(args)
     try:
         cfg = _config(args) if cfg is None else cfg
+        check_training_memory(args.arch, int(X.shape[1]), args.d_sae, _options(args), batch_size=cfg.batch_size,
+                              n_rows=int(X.shape[0]) if isinstance(X, np.ndarray) else 0,
+                              dtype=getattr(torch, args.dtype))
         model = _model(args, int(X.shape[1]))
         result = train(model, X, cfg, args.out, resume=args.resume, world=world, on_step=_fault_injection(world.rank))
     except (ValueError, FileExistsError, FloatingPointError) as exc:  # bad config, W&B missing, --out in use, NaN

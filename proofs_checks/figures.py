@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -11,13 +12,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from numpy.typing import NDArray  # noqa: E402
 
+from dictcheck.empirics.atomic_files import atomic_write_bytes  # noqa: E402
+
 
 def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 110) -> Path:
-    """Lay out, write ``fig`` as a PNG at ``path`` and close it (frees its memory); returns the path."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return Path(path)
+    """Lay out, write ``fig`` at ``path`` (format from its suffix, PNG without one; its folder created
+    with its parents; written atomically, so a failure leaves no partial file) and close it (frees its
+    memory); returns the path."""
+    path = Path(path)
+    buffer = io.BytesIO()
+    try:
+        fig.tight_layout()
+        fig.savefig(buffer, dpi=dpi, format=path.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
 
 
 def plot_wide_limit_2d(path: Path, panels: list[dict]) -> Path:

@@ -20,7 +20,8 @@ def _fmt(value: Any) -> str:
 
 
 def write_report(path: Path, summary: dict[str, Any]) -> None:
-    """A Markdown report: the table, then per check prediction, measurement, tolerance, figures."""
+    """A Markdown report (written atomically): the table, then per check prediction, measurement,
+    tolerance, figures. A summary with ``"complete": false`` gets a banner saying the run is incomplete."""
     results = summary["results"]
     n_pass = sum(r["status"] == "pass" for r in results)
     lines = [
@@ -28,9 +29,11 @@ def write_report(path: Path, summary: dict[str, Any]) -> None:
         "",
         f"seed {summary['seed']}, quick={summary['quick']}: **{n_pass} passed, {len(results) - n_pass} failed**",
         "",
-        "| check | status | seconds | spec |",
-        "|---|---|---|---|",
     ]
+    if not summary.get("complete", True):
+        lines += [f"**INCOMPLETE: {len(results)} of {summary.get('n_checks', '?')} checks have run** (the run is "
+                  "still going, or it was interrupted; no verdict)", ""]
+    lines += ["| check | status | seconds | spec |", "|---|---|---|---|"]
     lines += [f"| `{r['id']}` | {r['status'].upper()} | {r['seconds']:.2f} | {r['spec']} |" for r in results]
     for r in results:
         lines += ["", f"## `{r['id']}`: {r['title']}", "", f"*Spec:* {r['spec']}  ", f"*Status:* **{r['status'].upper()}**", ""]
@@ -41,4 +44,4 @@ def write_report(path: Path, summary: dict[str, Any]) -> None:
         if r.get("error"):
             lines += ["", "```", r.get("traceback", r["error"]).rstrip(), "```"]
         lines += [f"", *[f"![{fig}]({fig})" for fig in r.get("figures") or []]]
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))

@@ -1,9 +1,12 @@
 """Run the registered checks and write their results (the library behind ``dictcheck run``).
 
-Outputs in the output folder: ``results.json`` (rewritten atomically after every check, so nothing
-is lost if the run dies), ``report.md`` and PNG figures under ``figures/``. The exit code is 0 only
-if every selected check passed. A check that raises is recorded with status ``error`` and the
-others still run.
+Outputs in the output folder: ``results.json`` and ``report.md`` (both rewritten atomically at the
+start and after every check, so nothing is lost if the run dies) and PNG figures under ``figures/``.
+``results.json`` says ``"complete": false`` (and ``"passed": null``) until the last check has run,
+then ``"complete": true`` with the verdict ``passed``; ``report.md`` says when a run is incomplete.
+One run at a time writes a folder (:func:`dictcheck.empirics.safe_io.folder_lock`): a second one
+is refused with one line. The exit code is 0 only if every selected check passed. A check that
+raises is recorded with status ``error`` and the others still run.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from dictcheck.empirics.safe_io import check_output_dir, folder_lock
 from dictcheck.proofs_checks.errors import UserError
 from dictcheck.proofs_checks.registry import Check, CheckContext, load_all_checks
 from dictcheck.proofs_checks.report import write_json_atomic, write_report
@@ -78,24 +82,35 @@ def run_suite(
     progress: bool = False,
     announce: bool = False,
 ) -> dict[str, Any]:
-    """Run ``checks`` in order and return the summary ``{"seed", "quick", "only", "results", "passed"}``.
+    """Run ``checks`` in order and return the summary ``{"seed", "quick", "only", "complete", "passed",
+    "n_checks", "results"}``.
 
-    ``out/results.json`` is rewritten atomically after every check (a crash loses nothing) and
-    ``out/report.md`` is written at the end. ``progress`` shows a tqdm bar over the checks;
-    ``announce`` prints each check's prediction to stderr before it runs.
+    ``out`` is checked and locked first (ValueError when it cannot be a writable folder,
+    :class:`dictcheck.empirics.safe_io.FolderInUseError` while another run writes it).
+    ``out/results.json`` and ``out/report.md`` are rewritten atomically at the start and after every
+    check (a crash loses nothing, and leaves ``"complete": false``). ``progress`` shows a tqdm bar over
+    the checks; ``announce`` prints each check's prediction to stderr before it runs.
     """
     from tqdm import tqdm
 
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = CheckContext(out_dir=out, seed=seed, quick=quick)
-    summary: dict[str, Any] = {"seed": seed, "quick": quick, "only": only, "results": []}
-    for check in tqdm(checks, desc="checks", unit="check", disable=not progress):
-        if announce:
-            print(f"[{check.id}] predicts: {check.predicted}", file=sys.stderr, flush=True)
-        summary["results"].append(run_check(check, ctx))
+    check_output_dir(out)
+    with folder_lock(out, "dictcheck run"):
+        ctx = CheckContext(out_dir=out, seed=seed, quick=quick)
+        summary: dict[str, Any] = {"seed": seed, "quick": quick, "only": only, "complete": False, "passed": None,
+                                   "n_checks": len(checks), "results": []}
+        _write(out, summary)
+        for check in tqdm(checks, desc="checks", unit="check", disable=not progress):
+            if announce:
+                print(f"[{check.id}] predicts: {check.predicted}", file=sys.stderr, flush=True)
+            summary["results"].append(run_check(check, ctx))
+            _write(out, summary)
+        summary["complete"] = True
         summary["passed"] = all(r["status"] == "pass" for r in summary["results"])
-        write_json_atomic(out / "results.json", summary)
-    summary["passed"] = all(r["status"] == "pass" for r in summary["results"])
+        _write(out, summary)
+    return summary
+
+
+def _write(out: Path, summary: dict[str, Any]) -> None:
+    """results.json, then report.md, each replaced atomically."""
     write_json_atomic(out / "results.json", summary)
     write_report(out / "report.md", summary)
-    return summary

@@ -7,13 +7,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+from dictcheck.empirics.atomic_files import atomic_write_bytes
 from dictcheck.empirics.manifold_bench import DEFAULT, QUICK, run_benchmark
+from dictcheck.empirics.safe_io import folder_lock
+from dictcheck.proofs_checks.cli.inputs import finite_result, output_dir
 from dictcheck.proofs_checks.errors import UserError
 
 
@@ -48,22 +51,19 @@ def run_bench_manifolds(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise UserError(f"--steps must be >= 1, got {args.steps}")
         s = replace(s, steps=args.steps)
+    out = None if args.out is None else output_dir(args.out)
 
     def log(msg: str) -> None:
         sys.stderr.write(f"[bench-manifolds] {msg}\n")
         sys.stderr.flush()
 
-    try:
-        result = run_benchmark(s, args.seed, log=log)
-    except ValueError as exc:
-        raise UserError(str(exc).splitlines()[0]) from None
-    if args.out is not None:
-        out = Path(args.out)
+    with folder_lock(out, "dictcheck bench-manifolds") if out is not None else contextlib.nullcontext():
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "bench_manifolds.json").write_text(json.dumps(result, indent=2) + "\n")
-        except OSError as exc:
-            raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+            result = finite_result(run_benchmark(s, args.seed, log=log), "bench-manifolds")
+        except ValueError as exc:
+            raise UserError(str(exc).splitlines()[0]) from None
+        if out is not None:
+            atomic_write_bytes(out / "bench_manifolds.json", (json.dumps(result, indent=2) + "\n").encode())
     if args.json:
         print(json.dumps(result))
     else:
@@ -78,5 +78,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of every model")
     p.add_argument("--quick", action="store_true", help="a tiny version (seconds; for tests)")
     p.add_argument("--steps", type=int, help="training steps per model (default 1500; --quick 40)")
-    p.add_argument("--out", metavar="DIR", help="also write bench_manifolds.json here")
+    p.add_argument("--out", metavar="DIR", help="also write bench_manifolds.json here (checked before the benchmark "
+                   "runs, locked while it runs)")
     p.set_defaults(handler=run_bench_manifolds)

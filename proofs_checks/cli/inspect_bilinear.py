@@ -24,7 +24,7 @@ import numpy as np
 from dictcheck.empirics.architectures import architecture
 from dictcheck.empirics.sae_folder import arch_fields_of, arch_of, load_sae
 from dictcheck.empirics.sae_io import SaeFormatError
-from dictcheck.proofs_checks.cli.inputs import load_points
+from dictcheck.proofs_checks.cli.inputs import FIGURE_SUFFIXES, finite_result, load_points, output_file
 from dictcheck.proofs_checks.errors import UserError
 from dictcheck.theory.bilinear_lifted import BilinearDictionary
 from dictcheck.theory.quadric_geometry import FactoredForms, LatentGeometry, readout
@@ -66,12 +66,9 @@ def _detail(g: LatentGeometry, with_vectors: bool) -> dict[str, Any]:
     return out
 
 
-def _figure(args: argparse.Namespace, forms: FactoredForms, g: LatentGeometry) -> str:
+def _figure(args: argparse.Namespace, X: np.ndarray, forms: FactoredForms, g: LatentGeometry) -> str:
     from dictcheck.proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
 
-    if args.data is None:
-        raise UserError("--figure needs --data X.npy (the inputs to project)")
-    X = load_points(args.data)
     if X.shape[1] != forms.D:
         raise UserError(f"data file {args.data} has D = {X.shape[1]}, the model has d_in = {forms.D}")
     if not np.any(np.linalg.norm(X, axis=1) > 0):
@@ -86,6 +83,12 @@ def run_inspect(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck inspect-bilinear``."""
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
+    X = None
+    if args.figure is not None:
+        output_file(args.figure, "--figure", FIGURE_SUFFIXES)
+        if args.data is None:
+            raise UserError("--figure needs --data X.npy (the inputs to project)")
+        X = load_points(args.data)
     forms, info = _forms(args.dir)
     if args.latent is not None and not 0 <= args.latent < forms.d:
         raise UserError(f"--latent must lie in [0, {forms.d}), got {args.latent}")
@@ -95,11 +98,12 @@ def run_inspect(args: argparse.Namespace) -> int:
     else:
         chosen = list(np.argsort(-fro, kind="stable")[: args.top])
     geo = readout(forms, latents=chosen)
-    figure = _figure(args, forms, geo[0]) if args.figure else None
     if args.latent is not None:
         result: dict[str, Any] = {**info, "latent": _detail(geo[0], with_vectors=args.json)}
     else:
         result = {**info, "n_shown": len(geo), "latents": [g.summary(TABLE_EIGENVALUES) for g in geo]}
+    finite_result(result, "inspect-bilinear")
+    figure = _figure(args, X, forms, geo[0]) if X is not None else None
     if figure:
         result["figure"] = figure
     if args.json:

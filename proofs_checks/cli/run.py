@@ -1,8 +1,10 @@
 """``dictcheck run``: run the registered checks, print a PASS/FAIL table, write the report.
 
-Outputs in ``--out DIR`` (:func:`dictcheck.proofs_checks.runner.run_suite`): ``results.json``
-(rewritten atomically after every check), ``report.md`` and PNG figures under ``figures/``. The exit
-code is 0 only if every selected check passed.
+Outputs in ``--out DIR`` (:func:`dictcheck.proofs_checks.runner.run_suite`): ``results.json`` and
+``report.md`` (rewritten atomically after every check; ``"complete": false`` until the run ends) and
+PNG figures under ``figures/``. ``--out`` is checked before any check runs, and is locked for the run:
+a second ``dictcheck run`` into the same folder ends with one line. The exit code is 0 only if every
+selected check passed.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from dictcheck.proofs_checks.cli.inputs import output_dir
 from dictcheck.proofs_checks.runner import run_suite, select_checks
 
 
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{c.id:<36} {c.spec:<18} {c.title}")
         return 0
     checks = select_checks(args.quick, args.only)
-    out = Path(args.out)
+    out = output_dir(args.out)
     show_bar = not args.json and sys.stderr.isatty()
     summary = run_suite(checks, out, seed=args.seed, quick=args.quick, only=args.only, progress=show_bar,
                         announce=not args.json and not show_bar)

@@ -10,13 +10,18 @@ Schur-complement LMI.
 Solvers: Clarabel by default (tolerance 1e-9, then 1e-10), SCS as the fallback when Clarabel is
 missing or fails. Only the status "optimal" is accepted; anything else (infeasible,
 "optimal_inaccurate", a solver crash) raises :class:`DNNSolveError` naming the solvers tried and
-their statuses.
+their statuses. The solvers' own console output (SCS prints warnings from C, e.g. on badly scaled
+problems) is discarded, so a caller's stdout holds only what it prints itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import cvxpy as cp
@@ -39,6 +44,21 @@ _SOLVER_SETTINGS: dict[str, tuple[dict[str, float | int], ...]] = {
 
 class DNNSolveError(RuntimeError):
     """Every solver tried failed or returned an inaccurate status."""
+
+
+@contextlib.contextmanager
+def _solver_output_discarded() -> Iterator[None]:
+    """File descriptor 1 points at /dev/null for the block (the solvers print from C, past sys.stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 @dataclass(frozen=True)
@@ -87,7 +107,7 @@ def solve_dnn(
         for options in _SOLVER_SETTINGS.get(name, ({},)):
             start = time.perf_counter()
             try:
-                with warnings.catch_warnings():  # cvxpy warns on inaccurate statuses; they are handled below
+                with warnings.catch_warnings(), _solver_output_discarded():  # statuses are handled below
                     warnings.simplefilter("ignore", UserWarning)
                     problem.solve(solver=name, **options)
             except cp.error.SolverError as exc:

@@ -28,7 +28,7 @@ def staged_file(path: Path, data: bytes) -> Path:
     """Write ``data`` to a fsynced temporary file next to ``path`` and return the temporary path.
 
     The caller moves it into place with :func:`os.replace` (several files can be staged first and
-    replaced together). On error the temporary file is removed.
+    replaced together). On error the temporary file is removed; an OSError (a full disk) names ``path``.
     """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -37,9 +37,11 @@ def staged_file(path: Path, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # e.g. ENOSPC from write(): name the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     return Path(tmp)
 

@@ -92,19 +92,34 @@ def read_npy(path: str | os.PathLike[str], what: str, *, real: bool = True) -> n
         raise ValueError(f"{what} {path} is a pickle, not an .npy array (pickles are never loaded)")
     if head != _NPY_MAGIC:
         raise ValueError(f"{what} {path} is not an .npy file (no NumPy header)")
+    if _header_dtype(path, what).hasobject:
+        raise ValueError(f"{what} {path} holds Python objects (a pickled array), not numbers")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        if "allow_pickle" in str(exc):
-            raise ValueError(f"{what} {path} holds Python objects (a pickled array), not numbers") from None
-        raise ValueError(f"{what} {path} is not a readable .npy array ({_first_line(exc)})") from None
-    except (OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError) as exc:
         raise ValueError(f"{what} {path} is not a readable .npy array ({_first_line(exc)})") from None
     if not isinstance(array, np.ndarray):
         raise ValueError(f"{what} {path} is not a single .npy array")
     if real and array.dtype.kind not in "biuf":
         raise ValueError(f"{what} {path} must hold real numbers, got dtype {array.dtype}")
     return array
+
+
+def _header_dtype(path: Path, what: str) -> np.dtype:
+    """The dtype an .npy header (format version 1.0 or 2.0, what ``numpy.save`` writes for numbers)
+    declares; ValueError for another version or an unreadable header."""
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    try:
+        with open(path, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            reader = readers.get(version)
+            dtype = None if reader is None else reader(fh)[2]
+    except (OSError, EOFError, ValueError) as exc:
+        raise ValueError(f"{what} {path} has an unreadable .npy header ({_first_line(exc)})") from None
+    if dtype is None:
+        raise ValueError(f"{what} {path} has an unknown .npy format version {version[0]}.{version[1]} "
+                         "(1.0 and 2.0 are read)")
+    return dtype
 
 
 def _first_line(exc: BaseException) -> str:
@@ -154,10 +169,13 @@ def _nearest_existing(path: Path) -> Path:
 def check_output_dir(path: str | os.PathLike[str], what: str = "output folder") -> None:
     """ValueError (one line) unless ``path`` is a writable folder or can be created as one: not when it
     exists and is not a folder, lies under a file, or would be on a read-only or unwritable file
-    system. Creates nothing."""
+    system; :class:`FolderInUseError` when another process holds its :func:`folder_lock` now (a probe
+    so that a command refuses before its work; the command takes the lock itself when it starts
+    writing). Creates nothing."""
     path = Path(path)
     if os.path.lexists(path) and not path.is_dir():
         raise ValueError(f"{what} {path} exists and is not a directory")
+    _check_not_locked(path)
     anchor = _nearest_existing(path)
     if not anchor.is_dir():
         raise ValueError(f"{what} {path} lies under {anchor}, which is not a directory")
@@ -167,13 +185,35 @@ def check_output_dir(path: str | os.PathLike[str], what: str = "output folder") 
         raise ValueError(f"{what} {path} is not writable ({anchor}: permission denied)")
 
 
-def check_free_space(path: str | os.PathLike[str], need_bytes: int, what: str = "output folder") -> None:
+def _holder(fd: int) -> str:
+    return os.read(fd, 512).decode("utf-8", "replace").strip() or "another process"
+
+
+def _in_use(folder: Path, holder: str) -> FolderInUseError:
+    return FolderInUseError(f"{folder} is in use by {holder}; wait for it to finish or choose another output folder")
+
+
+def _check_not_locked(folder: Path) -> None:
+    """:class:`FolderInUseError` when another process holds ``folder``'s lock (nothing is created)."""
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDONLY)
+    except OSError:  # no lock file (or none readable): nobody holds the folder
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(folder, _holder(fd)) from None
+    finally:
+        os.close(fd)
+
+
+def check_free_space(path: str | os.PathLike[str], need_bytes: int, what: str) -> None:
     """:class:`ResourceError` when the file system of ``path`` (or of its nearest existing ancestor) has
-    less than ``need_bytes`` free."""
+    less than ``need_bytes`` free for ``what``."""
     free = shutil.disk_usage(_nearest_existing(Path(path))).free
     if need_bytes > free:
-        raise ResourceError(f"{what} {path} needs about {format_bytes(need_bytes)} but its file system has "
-                            f"{format_bytes(free)} free")
+        raise ResourceError(f"{what} needs about {format_bytes(need_bytes)} of disk but the file system of {path} "
+                            f"has {format_bytes(free)} free")
 
 
 def _meminfo_available() -> int | None:
@@ -230,10 +270,9 @@ def folder_lock(folder: str | os.PathLike[str], what: str) -> Iterator[Path]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 512).decode("utf-8", "replace").strip() or "another process"
+            holder = _holder(fd)
             os.close(fd)
-            raise FolderInUseError(f"{folder} is in use by {holder}; wait for it to finish or choose another "
-                                   "output folder") from None
+            raise _in_use(folder, holder) from None
         try:  # a holder that released the lock may have removed the file: then lock the new one
             current = os.stat(path).st_ino
         except FileNotFoundError:

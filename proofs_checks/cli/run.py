@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
         for c in select_checks(args.quick, args.only):
             print(f"{c.id:<36} {c.spec:<18} {c.title}")
         return 0
-    checks = select_checks(args.quick, args.only)
     out = output_dir(args.out)
+    checks = select_checks(args.quick, args.only)
     show_bar = not args.json and sys.stderr.isatty()
     summary = run_suite(checks, out, seed=args.seed, quick=args.quick, only=args.only, progress=show_bar,
                         announce=not args.json and not show_bar)

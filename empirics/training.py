@@ -108,7 +108,7 @@ from dictcheck.empirics.checkpoints import (
 from dictcheck.empirics.distributed import World, current_world, rank_seed
 from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.metrics import reconstruction_metrics
-from dictcheck.empirics.safe_io import ResourceError, check_free_space, check_memory, folder_lock
+from dictcheck.empirics.safe_io import check_free_space, check_memory, folder_lock
 from dictcheck.empirics.sae_folder import new_sae_config, save_sae
 from dictcheck.solvers.medians import geometric_median, huber_median
 
@@ -568,18 +568,26 @@ def train(
     out_dir = None if out is None else Path(out)
     check_memory(training_memory_bytes(model, B), f"training {model.arch} with d_sae {d_sae} (batch {B})")
     if out_dir is not None and world.is_main:
-        check_free_space(out_dir, _output_bytes(model, cfg.keep_checkpoints), f"output folder {out_dir}")
+        check_free_space(out_dir, _output_bytes(model, cfg), "the run's checkpoints, log and folder")
     held = folder_lock(out_dir, "dictcheck train") if out_dir is not None and world.is_main else contextlib.nullcontext()
     with held:
         return _train_into(model, X, Xt, cfg, out_dir, world, device, fields, resume=resume, progress=progress,
                            on_step=on_step)
 
 
-def _output_bytes(model: Featurizer, keep: int) -> int:
-    """Disk a run writes: ``keep`` + 1 checkpoints alive at once (the new one is written before the
-    oldest goes), each the weights and Adam's two moments, plus the saved folder and 1 MiB of logs."""
+#: Bytes per log record (a JSON line of a dozen numbers), and for cfg.json and metrics.json together.
+_LOG_RECORD_BYTES = 512
+_FOLDER_JSON_BYTES = 64 << 10
+
+
+def _output_bytes(model: Featurizer, cfg: TrainConfig) -> int:
+    """Disk a run writes: ``keep_checkpoints`` + 1 checkpoints alive at once (the new one is written
+    before the oldest goes), each the weights and Adam's two moments; the saved weights and sparsity;
+    the log and the folder's JSON files."""
     n = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
-    return (3 * (keep + 1) + 2) * n * _model_dtype(model).itemsize + (1 << 20)
+    records = cfg.steps // cfg.log_every + 1
+    return ((3 * (cfg.keep_checkpoints + 1) + 2) * n * _model_dtype(model).itemsize
+            + records * _LOG_RECORD_BYTES + _FOLDER_JSON_BYTES)
 
 
 def training_memory_bytes(model: Featurizer, batch_size: int, n_rows: int = 0) -> int:
@@ -602,11 +610,8 @@ def check_training_memory(arch: str, d_in: int, d_sae: int, options: Any = None,
     elem = dtype.itemsize
     what = f"training {arch} with d_in {d_in}, d_sae {d_sae} (batch {batch_size})"
     check_memory(4 * d_in * d_sae * elem, what)
-    try:
-        with torch.device("meta"):
-            model = architecture(arch).build(d_in, d_sae, options, dtype=dtype)
-    except RuntimeError as exc:
-        raise ResourceError(f"{what}: its tensors are too large to describe ({str(exc).splitlines()[0]})") from None
+    with torch.device("meta"):
+        model = architecture(arch).build(d_in, d_sae, options, dtype=dtype)
     weights = sum(t.numel() for t in (*model.parameters(), *model.buffers())) * elem
     check_memory(weights + training_memory_bytes(model, batch_size, n_rows), what)
 

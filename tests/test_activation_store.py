@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from dictcheck.empirics import activation_store, corpus
 from dictcheck.empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
-from dictcheck.empirics.lm_models import load_lm
+from dictcheck.empirics.lm_models import load_lm, sha256_file
 
 N, CONTEXT, SHARD = 300, 16, 128  # 300 rows in shards of 128, 128, 44; 15 rows per window
 
@@ -164,6 +165,64 @@ def test_hash_mismatch_is_an_error(store, tmp_path):
         open_activations(copy, verify=False)
     with pytest.raises(ValueError, match="not an activation directory"):
         open_activations(tmp_path / "nowhere")
+
+
+def _corrupt_same_size(path: Path) -> None:
+    """Overwrite the last 400 bytes (100 float32 values) with 3.4e38, keeping the file's size."""
+    data = path.read_bytes()
+    path.write_bytes(data[:-400] + np.full(100, 3.4e38, dtype=np.float32).tobytes())
+    assert path.stat().st_size == len(data)
+
+
+def test_same_size_corruption_after_a_kill_is_recomputed(tiny, store, tmp_path, capsys):
+    """Before: the resumed extraction kept the corrupted shard (right shape and size) and recorded its
+    sha256 in the manifest; now each shard is checked against the sha256 recorded when it was written."""
+    out = tmp_path / "killed"
+    extract_activations(tiny, 0, N, out, context=CONTEXT, batch_size=4, shard_tokens=SHARD, seed=3, progress=False)
+    (out / "manifest.json").unlink()  # killed after the last shard, before the manifest
+    _corrupt_same_size(out / "shard_00000.npy")
+    capsys.readouterr()
+    resumed = extract_activations(tiny, 0, N, out, context=CONTEXT, batch_size=4, shard_tokens=SHARD, seed=3,
+                                  progress=False)
+    err = capsys.readouterr().err
+    assert "shard_00000.npy does not match the SHA-256 recorded when it was written; recomputing it" in err
+    assert "shard_00001.npy" not in err  # the intact shards were kept
+    np.testing.assert_allclose(resumed.to_array(), store.to_array(), rtol=1e-5, atol=1e-6)
+    entry = resumed.manifest["shards"][0]
+    assert entry["sha256"] == sha256_file(out / "shard_00000.npy") == (out / "shard_00000.npy.sha256").read_text().strip()
+
+
+def test_rerun_repairs_a_finished_store(tiny, store, tmp_path, capsys):
+    out = tmp_path / "finished"
+    shutil.copytree(store.path, out)
+    _corrupt_same_size(out / "shard_00001.npy")
+    with pytest.raises(ValueError, match="does not match the sha256"):
+        open_activations(out)
+    capsys.readouterr()
+    repaired = extract_activations(tiny, 0, N, out, context=CONTEXT, batch_size=4, shard_tokens=SHARD, seed=3,
+                                   progress=False)
+    err = capsys.readouterr().err
+    assert "checking every shard again" in err and "shard_00001.npy does not match the SHA-256" in err
+    np.testing.assert_allclose(repaired.to_array(), store.to_array(), rtol=1e-5, atol=1e-6)
+    assert open_activations(out).content_hash() == repaired.content_hash()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.pop("shards"), "field 'shards' must be a non-empty list"),
+    (lambda m: m["shards"][0].update(file="../../etc/passwd"), "shard entry 0 must be"),
+    (lambda m: m["shards"][1].update(sha256="nothex"), "shard entry 1 must be"),
+    (lambda m: m.update(d="16"), "field 'd' must be a positive integer"),
+    (lambda m: m["shards"].append(dict(m["shards"][0])), "listed twice"),
+])
+def test_manifest_is_validated_before_use(store, tmp_path, edit, message):
+    """Before: a manifest without ``shards`` was a KeyError (a traceback)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(store.path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=message):
+        open_activations(copy)
 
 
 def test_bad_arguments(tiny, tmp_path, monkeypatch):

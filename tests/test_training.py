@@ -16,12 +16,15 @@ import pytest
 import torch
 
 from dictcheck.empirics.architectures import build_model
+from dictcheck.empirics.checkpoints import CheckpointError
+from dictcheck.empirics.safe_io import ResourceError
 from dictcheck.empirics.sae_folder import load_sae
 from dictcheck.empirics.sae_io import load_metrics, load_sparsity
 from dictcheck.empirics.training import (
     CHECKPOINT_DIR,
     LOG_FILE,
     TrainConfig,
+    check_training_memory,
     data_hash,
     default_lr,
     latest_checkpoint,
@@ -298,12 +301,78 @@ def test_resume_in_process_from_middle_checkpoint(tmp_path):
     assert _strip_time(_log(res.log_path)) == _strip_time(_log(ref.log_path))
 
 
+def test_unreadable_checkpoints_are_named_never_skipped_or_pruned(tmp_path):
+    """Before: resume silently fell back to an older checkpoint (or restarted from step 0 when none was
+    readable) and later pruned the damaged file."""
+    X = _data()
+    _train(X, tmp_path, steps=20)  # checkpoints at steps 10 and 20
+    older, newest = sorted((tmp_path / CHECKPOINT_DIR).glob("ckpt_*.pt"))
+    newest.write_bytes(newest.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match=r"ckpt_00000020.pt is unreadable .*the newest readable one is "
+                                              r"ckpt_00000010.pt"):
+        _train(X, tmp_path, steps=20, resume=True)
+    older.unlink()
+    older.symlink_to(tmp_path / "cfg.json")
+    with pytest.raises(CheckpointError, match=r"ckpt_00000020.pt is unreadable .*ckpt_00000010.pt is a symlink.*"
+                                              r"none is readable"):
+        _train(X, tmp_path, steps=20, resume=True)
+    assert newest.stat().st_size == 200 and older.is_symlink()  # nothing was pruned or rewritten
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda ck: ck.update(step=10**9), r"step 1000000000 is not an int in \[0, 20\]"),
+    (lambda ck: ck.update(step=10), "matching the file name"),
+    (lambda ck: ck["model"].update(W_dec=torch.zeros(3, 3)), "model tensor 'W_dec' is torch.float32 \\[3, 3\\]"),
+    (lambda ck: ck["model"].pop("b_enc"), "model tensors"),
+    (lambda ck: ck.pop("optimizer"), r"fields \['optimizer'\] are missing"),
+    (lambda ck: ck["optimizer"]["state"][0].update(exp_avg=torch.zeros(2)), "exp_avg of parameter 0"),
+    (lambda ck: ck.update(batch_rng=torch.zeros(7, dtype=torch.uint8)), "batch_rng is not a generator state"),
+    (lambda ck: ck.update(rank_rng=[]), "rank_rng does not hold one state per rank"),
+    (lambda ck: ck.update(world_size=0), "world_size 0 is not a positive int"),
+    (lambda ck: ck.update(since_fired=-torch.ones(32, dtype=torch.int64)), "since_fired"),
+])
+def test_checkpoint_fields_are_validated_before_use(tmp_path, edit, message):
+    X = _data()
+    _train(X, tmp_path, steps=20)
+    path = latest_checkpoint(tmp_path)
+    ck = torch.load(path, weights_only=True)
+    edit(ck)
+    torch.save(ck, path)
+    with pytest.raises(CheckpointError, match=message):
+        _train(X, tmp_path, steps=20, resume=True)
+
+
+def test_memory_and_disk_are_checked_before_allocating(tmp_path, monkeypatch):
+    with pytest.raises(ResourceError, match="training topk with d_in 12, d_sae 1000000000000"):
+        check_training_memory("topk", 12, 10**12, {"k": 2}, batch_size=32)
+    with pytest.raises(ResourceError, match="bilinear-compound .* TiB"):  # U is small, C is (1e6, 2e6)
+        check_training_memory("bilinear-compound", 16, 10**6, {}, batch_size=32)
+    check_training_memory("bilinear-compound", 12, 16, {}, batch_size=32)  # a small one fits
+    from dictcheck.empirics import safe_io
+
+    monkeypatch.setattr(safe_io.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})())
+    with pytest.raises(ResourceError, match="needs about .* of disk but the file system of .* has 1000 B free"):
+        _train(_data(), tmp_path / "out", steps=2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cuda_asked_for_without_cuda_is_a_config_error():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is available")
+    with pytest.raises(ValueError, match="no CUDA device is available"):
+        TrainConfig(device="cuda").validate()
+    with pytest.raises(ValueError, match="device must be"):
+        TrainConfig(device="meta").validate()
+
+
 # ------------------------------------------------------------------------------- real kill test
 
 _CHILD = """
 import json, sys, time
 import numpy as np
 from dictcheck.empirics.architectures import build_model
+from dictcheck.empirics.checkpoints import CheckpointError
+from dictcheck.empirics.safe_io import ResourceError
 from dictcheck.empirics.training import TrainConfig, train
 X = np.load(sys.argv[1])
 kw = json.loads(sys.argv[2])

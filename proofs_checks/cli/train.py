@@ -180,8 +180,9 @@ def run_train(args: argparse.Namespace) -> int:
 def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None = None) -> int:
     """Train in this process (rank ``world.rank`` of ``world.size``); rank 0 prints the summary. The
     output folder, λ, the anchor source, the data, the config and the memory the run needs are
-    checked before the model is built."""
-    output_dir(args.out)
+    checked before the model is built (the folder by rank 0 only: it alone writes, and locks it)."""
+    if world.is_main:
+        output_dir(args.out)
     if getattr(args, "lam", None) is not None:
         positive_lambda(args.lam)
     if getattr(args, "anchor_source", None) is not None:

@@ -45,8 +45,9 @@ What :func:`train` does, per the spec:
   :func:`os.replace`). Each holds the model and Adam states, the batch generator, the global torch
   (and CUDA) RNG states, the step, the dead-latent counters, the weight-relevant config and the data
   hash. The newest ``keep_checkpoints`` are kept. ``train(..., out, resume=True)`` restarts from the
-  newest readable checkpoint (a fresh run when there is none), truncates the log to the steps the
-  checkpoint covers and continues; on the CPU the final weights are bit-identical to an
+  newest checkpoint (a fresh run when there is none; CheckpointError naming the files when any is
+  unreadable, and before use when the chosen one's fields do not fit this run), truncates the log to
+  the steps the checkpoint covers and continues; on the CPU the final weights are bit-identical to an
   uninterrupted run (same machine, same torch thread count). Resuming with a model, config or data
   that changes the result raises ValueError; ``resume=False`` on a folder that already holds
   checkpoints raises FileExistsError rather than deleting them.
@@ -528,7 +529,7 @@ def train(
     :func:`dictcheck.empirics.activation_store.open_activations` returns (memory-mapped shards, read
     batch by batch; its ``content_hash()`` stands in for the data hash). See the module docstring for
     the full behaviour. ``resume`` (needs ``out``) continues from the newest readable checkpoint, which
-    is loaded into ``model``. ``on_step(step)`` is called after every completed step (1-based; after
+    is validated and loaded into ``model``. ``on_step(step)`` is called after every completed step (1-based; after
     any checkpoint of that step). ``world`` (default: :func:`dictcheck.empirics.distributed.current_world`,
     i.e. the torchrun process group when one is initialised) makes this one of ``world.size``
     data-parallel ranks: ``batch_size`` is the global batch, each rank trains on its 1/size of it, and

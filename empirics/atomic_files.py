@@ -40,7 +40,7 @@ def staged_file(path: Path, data: bytes) -> Path:
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.filename is None:  # e.g. ENOSPC from write(): name the file
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:  # ENOSPC: name the file
             raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     return Path(tmp)

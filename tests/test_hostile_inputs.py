@@ -275,9 +275,6 @@ def _cases() -> list[tuple[str, list[str]]]:
         add(f"check-dict-tol-{tol}", "check-dict", "--dict", "{W.npy}", "--data", "{data.npy}", "--lam", "0.5", "--tol", tol)
     add("solve-dnn-lam-1e50-unsolvable", "solve", "dnn", "--data", "{data.npy}", "--lam", "1e50")
     add("solve-ray-tol-inf", "solve", "wide-limit", "--data", "{data.npy}", "--lam", "0.5", "--ray-tol", "inf")
-    # degenerate data for check-sae
-    for f in ("zeros.npy", "single.npy", "dup.npy"):
-        add(f"check-sae-data-{f}", "check-sae", "{sae}", "--data", f"{{{f}}}", "--lam", "0.5")
     # output paths
     for where in ("afile", "afile/below", "ro/out"):
         add(f"run-out-{where}", "run", "--quick", "--only", "wide.q_reformulation", "--out", f"{{{where}}}")
@@ -352,3 +349,16 @@ def test_hostile_input_ends_in_one_line(world: World, name: str, template: list[
     assert proc.stdout == ""
     assert _snapshot(world.root) == before, "files were created or changed"
     assert not (world.root / "PAYLOAD_RAN").exists()
+
+
+@pytest.mark.parametrize("name", ["zeros.npy", "single.npy", "dup.npy"])
+def test_check_sae_on_degenerate_data_reports_without_the_variance_metrics(world: World, name: str) -> None:
+    """All-zero, single-point and duplicated data have no variance: check-sae (since its rework) reports
+    the theory checks and says why fvu/ve are missing (``metrics_error``), with no NaN or inf anywhere."""
+    before = _snapshot(world.root)
+    proc = subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", "check-sae", world["sae"], "--data",
+                           world[name], "--lam", "0.5", "--json"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    report = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"non-finite {c} in the report"))
+    assert "zero variance" in report["metrics"]["metrics_error"]
+    assert _snapshot(world.root) == before

@@ -273,7 +273,6 @@ def _cases() -> list[tuple[str, list[str]]]:
             "--batch-size", "4", "--data", "{data.npy}", "--out", "{new_out}")
     for tol in ("0", "-1e-8", "nan", "inf", "2"):
         add(f"check-dict-tol-{tol}", "check-dict", "--dict", "{W.npy}", "--data", "{data.npy}", "--lam", "0.5", "--tol", tol)
-    add("solve-dnn-lam-1e50-unsolvable", "solve", "dnn", "--data", "{data.npy}", "--lam", "1e50")
     add("solve-ray-tol-inf", "solve", "wide-limit", "--data", "{data.npy}", "--lam", "0.5", "--ray-tol", "inf")
     # output paths
     for where in ("afile", "afile/below", "ro/out"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -113,3 +115,15 @@ def test_all_points_within_lambda_need_no_atom() -> None:
     sol = solve_wide_limit(X, 10.0)
     assert sol.n_rays == 0
     np.testing.assert_allclose(sol.b, X.mean(axis=1), atol=1e-12)
+
+
+def test_the_conic_solvers_console_output_is_discarded(capfd) -> None:
+    """SCS prints warnings from C (e.g. on a badly scaled problem, λ = 1e50 on unit data), past sys.stdout:
+    before, a failed `solve dnn` left such a line on stdout next to its one-line error."""
+    from dictcheck.solvers.dnn import _solver_output_discarded
+
+    print("before", flush=True)
+    with _solver_output_discarded():
+        os.write(1, b"WARNING - large complementary slackness residual\n")
+    print("after", flush=True)
+    assert capfd.readouterr().out == "before\nafter\n"

@@ -145,3 +145,11 @@ def test_a_full_disk_is_one_line_naming_the_file(monkeypatch: pytest.MonkeyPatch
     assert main(["run", "--quick"]) == 2
     assert _one_line(capsys) == ("dictcheck: error: No space left on device (/out/results.json); the files written "
                                  "before are complete (every write is atomic)")
+
+
+def test_missing_parents_of_an_output_folder_are_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a" / "b" / "c"
+    assert main(["run", "--quick", "--only", "wide.q_reformulation", "--out", str(out), "--json"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["complete"] is True and not (out / LOCK_FILE).exists()
+    capsys.readouterr()

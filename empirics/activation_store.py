@@ -235,7 +235,8 @@ def check_extraction(shape: LMShape, layer: int, n_tokens: int, out_dir: str | P
     check_memory(shape.forward_bytes(batch_size, context, logits=False) + _SHARD_COPIES * shard_bytes,
                  f"extracting {shape.name} activations (batch {batch_size} x context {context}, shards of "
                  f"{min(shard_tokens, n_tokens)} rows)")
-    check_free_space(out_dir, n_tokens * shape.d_model * 4, f"the activation store ({n_tokens} x {shape.d_model} float32)")
+    check_free_space(out_dir, n_tokens * shape.d_model * 4,
+                     f"the activation store ({n_tokens} x {shape.d_model} float32)")
 
 
 def _prepare_dir(out: Path, plan: dict[str, Any]) -> bool:

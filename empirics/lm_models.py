@@ -209,7 +209,8 @@ def _config_shape(name: str, config: Any) -> LMShape | None:
     def first(*names: str) -> Any:
         return next((getattr(config, n) for n in names if isinstance(getattr(config, n, None), int)), None)
 
-    n_layers, d_model, vocab = first("num_hidden_layers", "n_layer"), first("hidden_size", "n_embd"), first("vocab_size")
+    n_layers, d_model = first("num_hidden_layers", "n_layer"), first("hidden_size", "n_embd")
+    vocab = first("vocab_size")
     if n_layers is None or d_model is None or vocab is None:
         return None
     return LMShape(name=name, n_layers=n_layers, d_model=d_model, vocab_size=vocab,

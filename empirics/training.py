@@ -263,7 +263,8 @@ class TrainConfig:
                 raise bad(f"device {self.device!r} asked for, but no CUDA device is available (this torch build "
                           f"{'has no CUDA' if torch.version.cuda is None else 'sees no GPU'}); use --device cpu")
             if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-                raise bad(f"device {self.device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
+                raise bad(f"device {self.device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) "
+                          "exist")
 
     def for_model(self, model: Featurizer) -> TrainConfig:
         """This config validated for ``model``, with the architecture's default lr and centring rule filled in."""
@@ -570,8 +571,8 @@ def train(
     check_memory(training_memory_bytes(model, B), f"training {model.arch} with d_sae {d_sae} (batch {B})")
     if out_dir is not None and world.is_main:
         check_free_space(out_dir, _output_bytes(model, cfg), "the run's checkpoints, log and folder")
-    held = folder_lock(out_dir, "dictcheck train") if out_dir is not None and world.is_main else contextlib.nullcontext()
-    with held:
+    writes = out_dir is not None and world.is_main
+    with folder_lock(out_dir, "dictcheck train") if writes else contextlib.nullcontext():
         return _train_into(model, X, Xt, cfg, out_dir, world, device, fields, resume=resume, progress=progress,
                            on_step=on_step)
 

@@ -189,7 +189,8 @@ def test_same_size_corruption_after_a_kill_is_recomputed(tiny, store, tmp_path, 
     assert "shard_00001.npy" not in err  # the intact shards were kept
     np.testing.assert_allclose(resumed.to_array(), store.to_array(), rtol=1e-5, atol=1e-6)
     entry = resumed.manifest["shards"][0]
-    assert entry["sha256"] == sha256_file(out / "shard_00000.npy") == (out / "shard_00000.npy.sha256").read_text().strip()
+    recorded = (out / "shard_00000.npy.sha256").read_text().strip()
+    assert entry["sha256"] == sha256_file(out / "shard_00000.npy") == recorded
 
 
 def test_rerun_repairs_a_finished_store(tiny, store, tmp_path, capsys):

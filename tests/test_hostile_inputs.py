@@ -58,7 +58,8 @@ def _mount_read_only(path: Path) -> bool:
     return proc.returncode == 0
 
 
-def _local_model(tmp: Path, name: str, *, truncate: bool = False, nan: bool = False, pickled: str | None = None) -> None:
+def _local_model(tmp: Path, name: str, *, truncate: bool = False, nan: bool = False,
+                 pickled: str | None = None) -> None:
     """A local Hugging Face model folder: tinycoder's config and tokenizer with damaged weights."""
     from safetensors.torch import save_file
 
@@ -91,7 +92,8 @@ def _checkpoint_variants(root: Path, X: Path) -> None:
                  "--batch-size", "4", "--checkpoint-every", "2", "--out", str(base)]) == 0
     ckpts = sorted((base / "checkpoints").glob("ckpt_*.pt"))
 
-    def variant(name: str, edit: Callable[[dict], object] | None = None, raw: Callable[[Path], None] | None = None) -> None:
+    def variant(name: str, edit: Callable[[dict], object] | None = None,
+                raw: Callable[[Path], None] | None = None) -> None:
         folder = root / f"ckpt_{name}"
         shutil.copytree(base, folder, symlinks=True)
         for p in (folder / "checkpoints").glob("ckpt_*.pt"):
@@ -104,7 +106,8 @@ def _checkpoint_variants(root: Path, X: Path) -> None:
 
     variant("shapes", lambda ck: ck["model"].update(W_dec=torch.zeros(3, 3)))
     variant("keys", lambda ck: ck.pop("optimizer"))
-    variant("rng", lambda ck: ck.update(batch_rng=torch.zeros(7, dtype=torch.uint8), torch_rng=torch.ones(9, dtype=torch.uint8)))
+    variant("rng", lambda ck: ck.update(batch_rng=torch.zeros(7, dtype=torch.uint8),
+                                        torch_rng=torch.ones(9, dtype=torch.uint8)))
     variant("step", lambda ck: ck.update(step=10**9))
 
     def truncate(p: Path) -> None:
@@ -147,7 +150,8 @@ def _sae_folders(root: Path) -> None:
     shutil.copytree(root / "bil", root / "bil_deep")
     bil_cfg = json.loads((root / "bil" / "cfg.json").read_text())
     bil_cfg["metadata"]["note"] = "PLACEHOLDER"
-    (root / "bil_deep" / "cfg.json").write_text(json.dumps(bil_cfg).replace('"PLACEHOLDER"', "{\"a\":" * depth + "1" + "}" * depth))
+    deep_objects = '{"a":' * depth + "1" + "}" * depth
+    (root / "bil_deep" / "cfg.json").write_text(json.dumps(bil_cfg).replace('"PLACEHOLDER"', deep_objects))
     shutil.copytree(root / "sae", root / "sae_huge")
     (root / "sae_huge" / "cfg.json").write_text(json.dumps({**cfg, "padding": "x" * (8 << 20)}))
     shutil.copytree(root / "sae", root / "sae_truncated")
@@ -249,7 +253,8 @@ def _cases() -> list[tuple[str, list[str]]]:
         add(f"solve-geomedian-data-{f}", "solve", "geometric-median", "--data", f"{{{f}}}")
         add(f"solve-wide-data-{f}", "solve", "wide-limit", "--data", f"{{{f}}}", "--lam", "0.5")
         add(f"solve-dnn-data-{f}", "solve", "dnn", "--data", f"{{{f}}}", "--lam", "0.5")
-        add(f"solve-wide-bias-{f}", "solve", "wide-limit", "--data", "{data.npy}", "--lam", "0.5", "--bias", f"{{{f}}}")
+        add(f"solve-wide-bias-{f}", "solve", "wide-limit", "--data", "{data.npy}", "--lam", "0.5", "--bias",
+            f"{{{f}}}")
         add(f"check-dict-dict-{f}", "check-dict", "--dict", f"{{{f}}}", "--data", "{data.npy}", "--lam", "0.5")
         add(f"check-dict-data-{f}", "check-dict", "--dict", "{W.npy}", "--data", f"{{{f}}}", "--lam", "0.5")
         add(f"check-dict-bias-{f}", "check-dict", "--dict", "{W.npy}", "--data", "{data.npy}", "--lam", "0.5",
@@ -258,7 +263,8 @@ def _cases() -> list[tuple[str, list[str]]]:
         add(f"train-data-{f}", *TRAIN, "--data", f"{{{f}}}", "--out", "{new_out}")
         add(f"inspect-figure-data-{f}", "inspect-bilinear", "{bil}", "--figure", "{new_out}.png", "--data", f"{{{f}}}")
         add(f"train-vasae-anchor-{f}", "train", "--arch", "vasae", "--k", "2", "--d-sae", "6", "--anchor-coef", "0.1",
-            "--anchor-source", f"{{{f}}}", "--data", "{data.npy}", "--steps", "2", "--batch-size", "4", "--out", "{new_out}")
+            "--anchor-source", f"{{{f}}}", "--data", "{data.npy}", "--steps", "2", "--batch-size", "4", "--out",
+            "{new_out}")
     add("check-dict-dict-huge-norm", "check-dict", "--dict", "{huge_W.npy}", "--data", "{data.npy}", "--lam", "0.5")
     add("train-data-store-without-shards", *TRAIN, "--data", "{store_no_shards}", "--out", "{new_out}")
     # λ and tolerances
@@ -272,7 +278,8 @@ def _cases() -> list[tuple[str, list[str]]]:
         add(f"train-lam-{lam}", "train", "--arch", "relu", "--d-sae", "6", "--lam", lam, "--steps", "2",
             "--batch-size", "4", "--data", "{data.npy}", "--out", "{new_out}")
     for tol in ("0", "-1e-8", "nan", "inf", "2"):
-        add(f"check-dict-tol-{tol}", "check-dict", "--dict", "{W.npy}", "--data", "{data.npy}", "--lam", "0.5", "--tol", tol)
+        add(f"check-dict-tol-{tol}", "check-dict", "--dict", "{W.npy}", "--data", "{data.npy}", "--lam", "0.5",
+            "--tol", tol)
     add("solve-ray-tol-inf", "solve", "wide-limit", "--data", "{data.npy}", "--lam", "0.5", "--ray-tol", "inf")
     # output paths
     for where in ("afile", "afile/below", "ro/out"):

@@ -46,7 +46,8 @@ with folder_lock(sys.argv[1], "a test holder"):
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder``: size and mtime."""
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()}
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, code: int = 2) -> str:
@@ -163,7 +164,8 @@ def small_fs(tmp_path: Path):
         pytest.skip("mounting a small tmpfs needs root")
     mount = tmp_path / "fs"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True).returncode:
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if mounted.returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
         yield mount

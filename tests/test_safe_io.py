@@ -40,7 +40,8 @@ def test_read_npy_refuses_what_is_not_a_plain_array(tmp_path: Path) -> None:
     for name, message in (("a.npz", "is an .npz archive"), ("npz_named.npy", "is an .npz archive"),
                           ("objects.npy", "holds Python objects"), ("pickle.npy", "is a pickle"),
                           ("text.npy", "no NumPy header"), ("td.npy", "must hold real numbers, got dtype timedelta64"),
-                          ("short.npy", "not a readable .npy array"), ("missing.npy", "does not exist"), (".", "not a file")):
+                          ("short.npy", "not a readable .npy array"), ("missing.npy", "does not exist"),
+                          (".", "not a file")):
         with pytest.raises(ValueError, match=message):
             read_npy(tmp_path / name, "data file")
     np.testing.assert_array_equal(read_npy(tmp_path / "ok.npy", "data file"), X)

@@ -65,7 +65,8 @@ def build_parser(argv: Sequence[str] | None = None) -> OneLineParser:
             commands.add_parser(name)
             continue
         importlib.import_module(f"dictcheck.proofs_checks.cli.{name.replace('-', '_')}").add_parser(commands)
-        commands.choices[name].add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+        commands.choices[name].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                            help=_DEBUG_HELP)
     return parser
 
 

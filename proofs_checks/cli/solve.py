@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from dictcheck.proofs_checks.cli.inputs import checked_bias, checked_range, finite_result, load_array, load_points, positive_lambda
+from dictcheck.proofs_checks.cli.inputs import (
+    checked_bias,
+    checked_range,
+    finite_result,
+    load_array,
+    load_points,
+    positive_lambda,
+)
 from dictcheck.proofs_checks.errors import UserError
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -143,7 +144,8 @@ def test_a_killed_run_says_complete_false(tmp_path: Path) -> None:
     results = json.loads((out / "results.json").read_text())
     assert results["complete"] is False and results["passed"] is None
     assert results["n_checks"] == 2 and [r["status"] for r in results["results"]] == ["pass"]
-    assert "**INCOMPLETE: 1 of 2 checks have run**" in (out / "report.md").read_text()
+    # report.md is replaced right after results.json: a kill in between leaves it one check behind
+    assert re.search(r"\*\*INCOMPLETE: [01] of 2 checks have run\*\*", (out / "report.md").read_text())
     assert not list(out.glob(".*.tmp"))
     done = subprocess.run([*CLI, "run", "--quick", "--only", "narrow.absorption", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)

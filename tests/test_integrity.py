@@ -156,7 +156,7 @@ def test_a_killed_run_says_complete_false(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ full disk
-PAGE = 4096
+PAGE = os.sysconf("SC_PAGE_SIZE")  # tmpfs allocates whole pages
 
 
 @pytest.fixture()

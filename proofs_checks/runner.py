@@ -88,13 +88,16 @@ def run_suite(
     ``out`` is checked and locked first (ValueError when it cannot be a writable folder,
     :class:`dictcheck.empirics.safe_io.FolderInUseError` while another run writes it).
     ``out/results.json`` and ``out/report.md`` are rewritten atomically at the start and after every
-    check (a crash loses nothing, and leaves ``"complete": false``). ``progress`` shows a tqdm bar over
+    check (a crash loses nothing, and leaves ``"complete": false``); temporary files a killed run left
+    are removed at the start. ``progress`` shows a tqdm bar over
     the checks; ``announce`` prints each check's prediction to stderr before it runs.
     """
     from tqdm import tqdm
 
     check_output_dir(out)
     with folder_lock(out, "dictcheck run"):
+        for stale in (*out.glob(".*.tmp"), *out.glob("figures/.*.tmp")):  # staged by a run killed mid-write
+            stale.unlink(missing_ok=True)
         ctx = CheckContext(out_dir=out, seed=seed, quick=quick)
         summary: dict[str, Any] = {"seed": seed, "quick": quick, "only": only, "complete": False, "passed": None,
                                    "n_checks": len(checks), "results": []}

@@ -146,13 +146,14 @@ def test_a_killed_run_says_complete_false(tmp_path: Path) -> None:
     assert results["n_checks"] == 2 and [r["status"] for r in results["results"]] == ["pass"]
     # report.md is replaced right after results.json: a kill in between leaves it one check behind
     assert re.search(r"\*\*INCOMPLETE: [01] of 2 checks have run\*\*", (out / "report.md").read_text())
-    assert not list(out.glob(".*.tmp"))
+    (out / ".results.json.killed.tmp").write_text('{"partial')  # what a kill inside an atomic write leaves
     done = subprocess.run([*CLI, "run", "--quick", "--only", "narrow.absorption", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     results = json.loads((out / "results.json").read_text())
     assert results["complete"] is True and results["passed"] is True
     assert "INCOMPLETE" not in (out / "report.md").read_text()
+    assert not list(out.glob(".*.tmp"))  # the rerun removed the killed run's temporary files
 
 
 # ------------------------------------------------------------------------------------------ full disk

@@ -52,7 +52,7 @@ from dictcheck.solvers.lam_search import lam_for_l0
 from dictcheck.solvers.lasso_codes import CodeSolver, exact_codes
 from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import best_of_candidates, search_starts
-from dictcheck.solvers.polish import polish_dictionary
+from dictcheck.solvers.polish import exact_code_objective, polish_dictionary
 from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics
 from dictcheck.theory.certificate import certified_gap
 
@@ -74,7 +74,8 @@ class SaeCheckSettings:
     ``auto_tokens``: sample for ``auto``; ``search_tokens``: residual sample for the new-atom starts;
     ``hull``: the §8 Q1 distances for the ``hull_atoms`` atoms with the largest (5) violation on
     ``hull_tokens`` evenly spaced tokens;
-    ``polish_tokens`` (None: all) and ``polish_iters``: the sample and the sweep cap of ``polish``. ``tol``: relative
+    ``polish_tokens`` (None: all not held out) and ``polish_iters``: the sample and the sweep cap of ``polish``;
+    ``polish_holdout``: the fraction of tokens kept out of polishing to measure it on unseen data. ``tol``: relative
     KKT tolerance of the exact codes; ``warm_start``: start them from the encoder's supports (never changes
     the codes, only the time)."""
 
@@ -86,6 +87,7 @@ class SaeCheckSettings:
     polish: bool = False
     polish_tokens: int | None = None
     polish_iters: int = 300
+    polish_holdout: float = 0.2
     auto_tokens: int = 4096
     search_tokens: int = 8192
     tol: float = 1e-8
@@ -209,9 +211,22 @@ def _bar(enabled: bool, total: int, desc: str) -> Any:
     return tqdm(total=total, unit="tok", unit_scale=True, desc=desc, dynamic_ncols=True)
 
 
+def _polish_split(N: int, holdout: float, n_polish: int | None) -> tuple[NDArray, NDArray]:
+    """(polishing tokens, held-out tokens): every token whose index falls in an evenly spaced ``holdout`` fraction
+    is held out; polishing uses ``n_polish`` evenly spaced tokens of the rest (all of them when None)."""
+    n_held = int(round(holdout * N)) if N > 1 else 0
+    held = np.unique(np.linspace(0, N - 1, n_held).round().astype(np.int64)) if n_held else np.zeros(0, np.int64)
+    rest = np.setdiff1d(np.arange(N), held)
+    if n_polish is not None and n_polish < rest.size:
+        rest = rest[np.unique(np.linspace(0, rest.size - 1, n_polish).round().astype(np.int64))]
+    return rest, held
+
+
 def _polish_report(W: NDArray, b: NDArray, X: NDArray, lam: float, settings: SaeCheckSettings,
-                   columns: NDArray, log: Callable[[str], None]) -> dict[str, Any]:
-    """Polish from (W, b) on the sample ``columns`` of X and compare (JSON ``polish``); one log line per sweep."""
+                   columns: NDArray, held_out: NDArray, log: Callable[[str], None]) -> dict[str, Any]:
+    """Polish from (W, b) on the tokens ``columns`` of X and compare (JSON ``polish``); one log line per sweep.
+    The tokens ``held_out`` (disjoint from ``columns``) measure objective (1) at exact codes before and after on
+    data polishing never saw: a drop there is a better dictionary, not one fitted to its sample."""
     Xs = X[:, columns]
 
     def on_sweep(sweep: int, objective: float, moved: float) -> None:
@@ -226,6 +241,12 @@ def _polish_report(W: NDArray, b: NDArray, X: NDArray, lam: float, settings: Sae
     live_start = start_codes.mass() > 0
     live_end = fit.codes.mass() > 0
     movers = np.argsort(cos, kind="stable")[:TOP_MOVERS]
+    held: dict[str, Any] | None = None
+    if held_out.size:
+        Xh, tol = X[:, held_out], min(settings.tol, 1e-10)
+        before, after_h = exact_code_objective(W, b, Xh, lam, tol), exact_code_objective(fit.W, fit.b, Xh, lam, tol)
+        held = {"n_tokens": int(held_out.size), "objective_before": before, "objective_after": after_h,
+                "objective_change_pct": 100.0 * (after_h - before) / before if before else 0.0}
     return {
         "n_tokens": int(Xs.shape[1]),
         "objective_before": fit.objective_before,
@@ -244,6 +265,7 @@ def _polish_report(W: NDArray, b: NDArray, X: NDArray, lam: float, settings: Sae
         "failed_conditions": list(after.failed_checks),
         "violations_after": {"kkt": after.kkt_violation, "stationarity": after.stationarity_violation,
                              "hull": after.hull_violation, "bias_identity": after.bias_identity_violation},
+        "held_out": held,
     }
 
 
@@ -357,9 +379,9 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     )
     if s.polish:
         t = time.perf_counter()
-        n_polish = N if s.polish_tokens is None else min(N, s.polish_tokens)
-        columns = np.unique(np.linspace(0, N - 1, n_polish).round().astype(np.int64))
-        report["polish"] = _polish_report(W, b, first.X_in, lam, s, columns, say)
+        columns, held_out = _polish_split(N, s.polish_holdout, s.polish_tokens)
+        n_polish = int(columns.size)
+        report["polish"] = _polish_report(W, b, first.X_in, lam, s, columns, held_out, say)
         if n_polish < 4 * d_z:
             report["notes"].append(f"polishing used {n_polish} tokens for {d_z} atoms: with fewer than ~4 tokens per "
                                    "atom, atoms can specialise to single tokens, so the polished point overfits")
@@ -390,4 +412,9 @@ def verdict_text(r: dict[str, Any]) -> str:
                  f"point that is {'stationary' if p['stationary'] else 'not yet stationary'}; the median atom keeps "
                  f"cosine {p['atom_cosine_quantiles']['0.5']:.3f} with its polished self "
                  f"(10% of atoms below {p['atom_cosine_quantiles']['0.1']:.3f}).")
+        h = p.get("held_out")
+        if h:
+            text += (f" On {h['n_tokens']} held-out tokens the polished dictionary's objective changes by "
+                     f"{h['objective_change_pct']:+.2f}%" + (" (worse: the polished point is fitted to its sample)."
+                                                             if h["objective_change_pct"] > 0 else "."))
     return text

@@ -29,7 +29,7 @@ from dictcheck.solvers.lasso_codes import exact_codes
 from dictcheck.solvers.stream_diagnostics import SparseCodes
 from dictcheck.theory.objective import centred
 
-__all__ = ["PolishResult", "polish_dictionary"]
+__all__ = ["PolishResult", "exact_code_objective", "polish_dictionary"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,23 @@ def _objective(R: NDArray, codes: SparseCodes, lam: float) -> float:
     return float((np.sum(R * R) + 2.0 * lam * codes.values.sum()) / R.shape[1])
 
 
+def _codes_and_residuals(W: NDArray, b: NDArray, X: NDArray, lam: float, tol: float,
+                         init: SparseCodes | None = None) -> tuple[SparseCodes, NDArray]:
+    """Exact codes of (W, b) on X (warm-started from ``init``) and the residuals x_i − b − W z_i."""
+    warm = None if init is None else init.to_matrix()
+    codes = SparseCodes.from_matrix(exact_codes(W, X, b, lam, tol=tol, sparse_output=True, init=warm).Z)
+    return codes, centred(X, b) - codes.decode(W)
+
+
+def exact_code_objective(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, tol: float = 1e-10) -> float:
+    """Objective (1), (1/N) Σ_i ‖x_i − b − W z_i‖² + 2λ Σ_i ‖z_i‖₁ / N, at the exact codes of the unit atoms W (D, d_z)
+    and bias b on points X (D, N): the dictionary's objective with the encoder replaced by the optimal codes."""
+    W = np.asarray(W, dtype=np.float64)
+    codes, R = _codes_and_residuals(W, np.asarray(b, dtype=np.float64).reshape(-1), np.asarray(X, dtype=np.float64),
+                                    lam, tol)
+    return _objective(R, codes, lam)
+
+
 def polish_dictionary(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, *, learn_bias: bool = True,
                       max_iter: int = 2000, step_tol: float = 1e-10, tol: float = 1e-10,
                       on_sweep: Callable[[int, float, float], None] | None = None) -> PolishResult:
@@ -66,12 +83,7 @@ def polish_dictionary(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, *, l
         raise ValueError(f"atoms {np.flatnonzero(norms == 0).tolist()} are zero and cannot be polished")
     W /= norms
 
-    def codes_for(W: NDArray, b: NDArray, init: SparseCodes | None) -> tuple[SparseCodes, NDArray]:
-        warm = None if init is None else init.to_matrix()
-        codes = SparseCodes.from_matrix(exact_codes(W, X, b, lam, tol=tol, sparse_output=True, init=warm).Z)
-        return codes, centred(X, b) - codes.decode(W)
-
-    codes, R = codes_for(W, b, None)
+    codes, R = _codes_and_residuals(W, b, X, lam, tol)
     before = _objective(R, codes, lam)
     history: list[float] = []
     converged = False
@@ -93,7 +105,7 @@ def polish_dictionary(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, *, l
             shift = R.mean(axis=1)
             b = b + shift
             R -= shift[:, None]
-        codes, R = codes_for(W, b, codes)
+        codes, R = _codes_and_residuals(W, b, X, lam, tol, codes)
         history.append(_objective(R, codes, lam))
         moved = float(np.max(np.linalg.norm(W - W_prev, axis=0), initial=0.0))
         if on_sweep is not None:

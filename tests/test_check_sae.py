@@ -24,6 +24,7 @@ from dictcheck.solvers.lasso_codes import exact_codes
 from dictcheck.solvers.polish import polish_dictionary
 from dictcheck.solvers.reference_learner import fit_reference
 from dictcheck.theory.diagnostics import dictionary_diagnostics
+from dictcheck.theory.objective import sae_objective
 
 
 def _save(tmp: Path, arch: str, W_dec: np.ndarray, b_dec: np.ndarray, lam: float, k: int | None = None) -> Path:
@@ -169,10 +170,20 @@ def test_polish_report_and_json_contract(tmp_path: Path, toy_and_fit, capsys) ->
     assert {"objective_before", "objective_after", "atom_cosines", "stationary"} <= set(p)
     assert p["stationary"] is True and p["objective_after"] < p["objective_before"]
     assert len(p["atom_cosines"]) == 3 and min(p["atom_cosines"]) > 0.99
+    held, N = p["held_out"], toy.X.shape[1]
+    assert held["n_tokens"] == round(0.2 * N) and p["n_tokens"] == N - held["n_tokens"]
+    assert held["objective_after"] < held["objective_before"]  # the perturbation is undone on unseen tokens too
+    Xh = toy.X[:, np.unique(np.linspace(0, N - 1, held["n_tokens"]).round().astype(np.int64))]
+    W_unit = (W_dec / np.linalg.norm(W_dec, axis=1, keepdims=True)).T
+    ex = exact_codes(W_unit, Xh, fit.b, toy.lam, tol=1e-12)
+    assert held["objective_before"] == pytest.approx(sae_objective(W_unit, ex.Z, fit.b, Xh, toy.lam), rel=1e-9)
     assert out["stationary"] is False and out["verdict"].startswith("This relu SAE")
     assert main(["check-sae", str(folder), "--data", str(tmp_path / "X.npy"), "--polish"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("This relu SAE") and "How to read the violations" in text and "polish (" in text
+    assert "held-out tokens" in text
+    none_held = _run_json([str(folder), "--data", str(tmp_path / "X.npy"), "--polish", "--polish-holdout", "0"], capsys)
+    assert none_held["polish"]["held_out"] is None and none_held["polish"]["n_tokens"] == N
 
 
 def test_batches_do_not_change_the_report(tmp_path: Path, toy_and_fit, capsys) -> None:

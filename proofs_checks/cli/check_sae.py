@@ -79,6 +79,10 @@ def _print_human(report: dict[str, Any], directory: str) -> None:
               f"({polish['objective_change_pct']:+.3f}%), stationary: {polish['stationary']}; "
               f"{len(polish['died'])} atoms died, {len(polish['born'])} were born; moved most: "
               + ", ".join(f"{m['atom']} (cos {m['cosine']:.3f})" for m in polish["moved_most"][:5]))
+        held = polish["held_out"]
+        if held:
+            print(f"  on {held['n_tokens']} held-out tokens: objective {held['objective_before']:.6g} → "
+                  f"{held['objective_after']:.6g} ({held['objective_change_pct']:+.3f}%)")
     print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report["timings_s"].items()))
     print("\ndecoder with exact codes at b_dec:")
     print_dictionary_report(report)
@@ -90,13 +94,15 @@ def check_sae(args: argparse.Namespace) -> int:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if min(args.polish_tokens or 1, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:
         raise UserError("--polish-tokens, --polish-iters, --hull-atoms and --hull-tokens must be >= 1")
+    if not 0.0 <= args.polish_holdout < 1.0:
+        raise UserError(f"--polish-holdout must be in [0, 1), got {args.polish_holdout}")
     if isinstance(args.lam, float):
         positive_lambda(args.lam)
     scan_points_file(args.data)  # an .npy file: format, dtype, shape, finite, magnitude (stores check themselves)
     settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull, hull_atoms=args.hull_atoms,
                                 hull_tokens=args.hull_tokens, polish=args.polish,
                                 polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
-                                device=args.device, progress=sys.stderr.isatty() and not args.json)
+                                polish_holdout=args.polish_holdout, device=args.device, progress=sys.stderr.isatty() and not args.json)
     quiet = args.json or sys.stderr.isatty()
     try:
         report = sae_report(args.directory, args.data, settings,
@@ -124,8 +130,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    "codes are as sparse as the SAE's; default: the folder's λ for L1 SAEs, else auto")
     p.add_argument("--polish", action="store_true", help="also polish the decoder to the nearest stationary point "
                    "and compare (each sweep solves exact codes on the polishing tokens)")
-    p.add_argument("--polish-tokens", type=int, metavar="N", help="evenly spaced tokens polishing uses (default: all; "
-                   "use at least ~4 per atom)")
+    p.add_argument("--polish-tokens", type=int, metavar="N", help="evenly spaced tokens polishing uses (default: all "
+                   "not held out; use at least ~4 per atom)")
+    p.add_argument("--polish-holdout", type=float, default=0.2, metavar="F", help="fraction of the tokens kept out of "
+                   "polishing, on which the objective before and after is also reported (default 0.2; 0: none)")
     p.add_argument("--polish-iters", type=int, default=300, metavar="S", help="sweep cap of polishing (default 300)")
     p.add_argument("--hull", action="store_true", help="also the distances to the four hull candidates of "
                    "docs/theory.md §8 Q1 (one QP per atom) for the --hull-atoms atoms where (5) is violated most, "

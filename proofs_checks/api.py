@@ -174,7 +174,10 @@ def train(X: ArrayLike, arch: str, d_sae: int, options: dict[str, Any] | ArchOpt
     return train_model(model, data, TrainConfig(seed=seed, **config), out, resume=resume, progress=progress)
 
 
-def run_checks(*, quick: bool = True, only: str | None = None, out: str | os.PathLike[str] = "dictcheck-out",
-               seed: int = 0) -> dict[str, Any]:
-    """Run the verification checks (``dictcheck run``): the summary written to ``out/results.json``."""
-    return run_suite(select_checks(quick, only), Path(out), seed=seed, quick=quick, only=only)
+def run_checks(*, quick: bool = True, only: str | None = None, kinds: str | None = None, strict: bool = False,
+               out: str | os.PathLike[str] = "dictcheck-out", seed: int = 0) -> dict[str, Any]:
+    """Run the verification checks (``dictcheck run``): the summary written to ``out/results.json``. ``kinds``:
+    comma-separated kinds to run; ``summary["passed"]`` is the run's verdict (theorems and invariants; with
+    ``strict`` every check)."""
+    return run_suite(select_checks(quick, only, kinds), Path(out), seed=seed, quick=quick, only=only, kinds=kinds,
+                     strict=strict)

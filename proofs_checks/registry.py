@@ -4,6 +4,21 @@ A check is a function ``CheckContext -> Outcome`` registered with :func:`check`.
 (what the theory says will be measured) is part of the registration, so it is fixed before any
 number is computed. The runner (proofs_checks.runner) records predicted, measured, tolerance and
 the reason for that tolerance for every check.
+
+Every check has a **kind** (docs/verdicts.md):
+
+* ``theorem``: a derived result; it must pass (a failure is a bug in the theory or the code).
+* ``invariant``: a property the implementation promises; it must pass.
+* ``replication``: a paper's empirical claim, run in a stated regime. Its verdict is ``replicated``,
+  ``not replicated`` or ``inconclusive`` (:func:`replication_verdict`), decided with its controls: a
+  positive control (the effect is produced where it must be, or a precondition holds) and a negative
+  control (the measurement does not report the effect where it cannot be).
+* ``hypothesis``: an open question of the theory; pass means the data support the stated conjecture.
+* ``descriptive``: a measurement reported for what it is, with no pass/fail claim about the theory
+  (it fails only when it cannot be measured).
+
+Each check also records its ``source`` (the paper and section, or the docs section of a derivation)
+and the ``regime`` it runs in (data, sizes, training budget).
 """
 
 from __future__ import annotations
@@ -18,6 +33,47 @@ import numpy as np
 
 JSONValue = Any
 
+#: The kinds of check, in the order the table and the report show them.
+KINDS = ("theorem", "invariant", "replication", "hypothesis", "descriptive")
+#: Kinds whose failure (or error) makes ``dictcheck run`` exit non-zero; ``--strict`` adds replications.
+MUST_PASS = ("theorem", "invariant")
+#: A replication's verdicts.
+VERDICTS = ("replicated", "not replicated", "inconclusive")
+#: The roles of a replication's controls.
+CONTROL_ROLES = ("positive", "negative", "precondition")
+
+
+@dataclass(frozen=True)
+class Control:
+    """One control of a replication: its ``role`` (``positive``: the effect is produced where it must be;
+    ``negative``: the measurement does not report the effect where it cannot be; ``precondition``: the regime
+    the claim needs holds, e.g. the trained objective is near a computable reference), what it ``expected``,
+    what it ``showed`` (numbers in words), and whether it came out as expected (``ok``)."""
+
+    name: str
+    role: str
+    expected: str
+    showed: str
+    ok: bool
+
+    def __post_init__(self) -> None:
+        if self.role not in CONTROL_ROLES:
+            raise ValueError(f"control {self.name!r}: role must be one of {CONTROL_ROLES}, got {self.role!r}")
+
+    def record(self) -> dict[str, JSONValue]:
+        return {"name": self.name, "role": self.role, "expected": self.expected, "showed": self.showed,
+                "ok": bool(self.ok)}
+
+
+def replication_verdict(claim_holds: bool, controls: list[Control]) -> str:
+    """``inconclusive`` when any control or precondition failed (the experiment could not have shown the claim,
+    or would have shown it where it is absent), else ``replicated`` or ``not replicated`` by the claim. A
+    replication without at least one positive and one negative control is ``inconclusive``."""
+    roles = {c.role for c in controls}
+    if not {"positive", "negative"} <= roles or not all(c.ok for c in controls):
+        return "inconclusive"
+    return "replicated" if claim_holds else "not replicated"
+
 
 @dataclass
 class Outcome:
@@ -25,6 +81,8 @@ class Outcome:
 
     ``passed`` is the verdict at ``tolerance``; ``tolerance_reason`` says why that tolerance.
     ``finding`` is set when the measurement contradicts the theory's claim (reported, not hidden).
+    A replication also sets ``verdict`` (one of :data:`VERDICTS`, normally from :func:`replication_verdict`)
+    and ``controls``; its ``passed`` is ``verdict == "replicated"`` (:meth:`for_replication`).
     """
 
     measured: JSONValue
@@ -34,6 +92,16 @@ class Outcome:
     details: dict[str, JSONValue] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
     finding: str | None = None
+    verdict: str | None = None
+    controls: list[Control] = field(default_factory=list)
+
+    @classmethod
+    def for_replication(cls, *, claim_holds: bool, controls: list[Control], measured: JSONValue,
+                        tolerance: JSONValue, tolerance_reason: str, **extra: Any) -> Outcome:
+        """A replication's outcome: the verdict from the claim and the controls (:func:`replication_verdict`)."""
+        verdict = replication_verdict(claim_holds, controls)
+        return cls(measured=measured, tolerance=tolerance, tolerance_reason=tolerance_reason,
+                   passed=verdict == "replicated", verdict=verdict, controls=controls, **extra)
 
 
 @dataclass(frozen=True)
@@ -58,13 +126,17 @@ class CheckContext:
 
 @dataclass(frozen=True)
 class Check:
-    """A registered check: id, title, spec section, the prediction, and the measuring function."""
+    """A registered check: id, title, spec section, the prediction, its kind, source and regime, and the
+    measuring function."""
 
     id: str
     title: str
     spec: str
     predicted: JSONValue
     func: Callable[[CheckContext], Outcome]
+    kind: str
+    source: str
+    regime: str
     quick: bool = True
 
 
@@ -72,14 +144,21 @@ REGISTRY: dict[str, Check] = {}
 
 
 def check(
-    id: str, title: str, spec: str, predicted: JSONValue, quick: bool = True
+    id: str, title: str, spec: str, predicted: JSONValue, *, kind: str, source: str, regime: str,
+    quick: bool = True,
 ) -> Callable[[Callable[[CheckContext], Outcome]], Callable[[CheckContext], Outcome]]:
-    """Register a check. ``quick=False`` keeps it out of ``dictcheck run --quick``."""
+    """Register a check of ``kind`` (one of :data:`KINDS`). ``quick=False`` keeps it out of
+    ``dictcheck run --quick``."""
+    if kind not in KINDS:
+        raise ValueError(f"check {id}: kind must be one of {KINDS}, got {kind!r}")
+    if not source.strip() or not regime.strip():
+        raise ValueError(f"check {id}: source and regime must be stated")
 
     def register(func: Callable[[CheckContext], Outcome]) -> Callable[[CheckContext], Outcome]:
         if id in REGISTRY:
             raise ValueError(f"check id registered twice: {id}")
-        REGISTRY[id] = Check(id=id, title=title, spec=spec, predicted=predicted, func=func, quick=quick)
+        REGISTRY[id] = Check(id=id, title=title, spec=spec, predicted=predicted, func=func, kind=kind,
+                             source=source, regime=regime, quick=quick)
         return func
 
     return register

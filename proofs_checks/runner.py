@@ -5,8 +5,14 @@ start and after every check, so nothing is lost if the run dies) and PNG figures
 ``results.json`` says ``"complete": false`` (and ``"passed": null``) until the last check has run,
 then ``"complete": true`` with the verdict ``passed``; ``report.md`` says when a run is incomplete.
 One run at a time writes a folder (:func:`dictcheck.empirics.safe_io.folder_lock`): a second one
-is refused with one line. The exit code is 0 only if every selected check passed. A check that
-raises is recorded with status ``error`` and the others still run.
+is refused with one line. A check that raises is recorded with status ``error`` and the others still run.
+
+Every row records the check's ``kind``, ``source``, ``regime`` and ``tier`` (quick or full). Its ``status``
+is ``pass``, ``fail`` or ``error``; a replication's is ``pass`` (verdict ``replicated``), ``fail`` (``not
+replicated``) or ``inconclusive``, and its row also carries ``verdict`` and ``controls``. The run's verdict
+``passed`` (and the exit code of ``dictcheck run``, :func:`suite_passed`): every theorem and invariant
+check passed and no check raised; ``strict`` also requires every replication, hypothesis and descriptive
+check to pass.
 """
 
 from __future__ import annotations
@@ -21,20 +27,35 @@ from typing import Any
 
 from dictcheck.empirics.safe_io import check_output_dir, folder_lock
 from dictcheck.proofs_checks.errors import UserError
-from dictcheck.proofs_checks.registry import Check, CheckContext, load_all_checks
+from dictcheck.proofs_checks.registry import (
+    KINDS,
+    MUST_PASS,
+    Check,
+    CheckContext,
+    load_all_checks,
+    replication_verdict,
+)
 from dictcheck.proofs_checks.report import write_json_atomic, write_report
 
 
-def select_checks(quick: bool, only: str | None) -> list[Check]:
-    """The registered checks in id order, filtered by ``--quick`` and the ``--only`` glob(s)."""
-    checks = sorted(load_all_checks().values(), key=lambda c: c.id)
+def select_checks(quick: bool, only: str | None, kinds: str | None = None) -> list[Check]:
+    """The registered checks grouped by kind (in :data:`KINDS` order), in id order within a kind, filtered by
+    ``--quick``, ``--kind`` (comma-separated kinds) and the ``--only`` glob(s)."""
+    checks = sorted(load_all_checks().values(), key=lambda c: (KINDS.index(c.kind), c.id))
     if quick:
         checks = [c for c in checks if c.quick]
+    if kinds:
+        wanted = {k.strip() for k in kinds.split(",") if k.strip()}
+        unknown = wanted - set(KINDS)
+        if unknown:
+            raise UserError(f"--kind {', '.join(sorted(unknown))} is not a kind; the kinds are {', '.join(KINDS)}")
+        checks = [c for c in checks if c.kind in wanted]
     if only:
         patterns = [p.strip() for p in only.split(",") if p.strip()]
         checks = [c for c in checks if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
-        if not checks:
-            raise UserError(f"--only {only!r} matches no check; see `dictcheck run --list`")
+    if not checks:
+        raise UserError(f"no check matches --only {only!r} --kind {kinds!r}; see `dictcheck run --list`"
+                        if kinds else f"--only {only!r} matches no check; see `dictcheck run --list`")
     return checks
 
 
@@ -51,10 +72,18 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+#: A replication's status by verdict.
+_REPLICATION_STATUS = {"replicated": "pass", "not replicated": "fail", "inconclusive": "inconclusive"}
+
+
 def run_check(check: Check, ctx: CheckContext) -> dict[str, Any]:
-    """Run one check and return its result record (status pass | fail | error)."""
+    """Run one check and return its result record (module docstring: status, and a replication's verdict and
+    controls). A replication that returns no verdict of its own is judged by :func:`replication_verdict` from
+    ``passed`` and its controls (without a positive and a negative control: inconclusive)."""
     start = time.perf_counter()
-    record: dict[str, Any] = {"id": check.id, "title": check.title, "spec": check.spec, "predicted": check.predicted}
+    record: dict[str, Any] = {"id": check.id, "title": check.title, "kind": check.kind, "spec": check.spec,
+                              "source": check.source, "regime": check.regime,
+                              "tier": "quick" if check.quick else "full", "predicted": check.predicted}
     try:
         outcome = check.func(ctx)
     except Exception as exc:  # noqa: BLE001 — a failing check must not stop the others
@@ -68,8 +97,33 @@ def run_check(check: Check, ctx: CheckContext) -> dict[str, Any]:
             tolerance_reason=outcome.tolerance_reason, details=outcome.details, figures=outcome.figures,
             finding=outcome.finding,
         )
+        if check.kind == "replication":
+            verdict = outcome.verdict or replication_verdict(outcome.passed, outcome.controls)
+            record.update(status=_REPLICATION_STATUS[verdict], verdict=verdict,
+                          controls=[c.record() for c in outcome.controls])
+            if not outcome.controls:
+                record["finding"] = ((record["finding"] + " ") if record["finding"] else "") + (
+                    f"No controls declared: inconclusive (the claim itself {'held' if outcome.passed else 'failed'}).")
     record["seconds"] = round(time.perf_counter() - start, 3)
     return json_safe(record)
+
+
+def suite_passed(results: list[dict[str, Any]], strict: bool = False) -> bool:
+    """The run's verdict (module docstring): no check raised, every theorem and invariant check passed, and with
+    ``strict`` every other check too (replications replicated)."""
+    return all(r["status"] == "pass" if (strict or r["kind"] in MUST_PASS) else r["status"] != "error"
+               for r in results)
+
+
+def status_counts(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """{kind: {status: count}} over the rows, kinds in :data:`KINDS` order."""
+    counts: dict[str, dict[str, int]] = {}
+    for kind in KINDS:
+        rows = [r for r in results if r["kind"] == kind]
+        if rows:
+            counts[kind] = {status: sum(r["status"] == status for r in rows)
+                            for status in dict.fromkeys(r["status"] for r in rows)}
+    return counts
 
 
 def run_suite(
@@ -79,11 +133,14 @@ def run_suite(
     seed: int = 0,
     quick: bool = False,
     only: str | None = None,
+    kinds: str | None = None,
+    strict: bool = False,
     progress: bool = False,
     announce: bool = False,
 ) -> dict[str, Any]:
-    """Run ``checks`` in order and return the summary ``{"seed", "quick", "only", "complete", "passed",
-    "n_checks", "results"}``.
+    """Run ``checks`` in order and return the summary ``{"seed", "quick", "only", "kinds", "strict", "complete",
+    "passed", "counts", "n_checks", "results"}`` (``passed``: :func:`suite_passed`; ``counts``:
+    :func:`status_counts`).
 
     ``out`` is checked and locked first (ValueError when it cannot be a writable folder,
     :class:`dictcheck.empirics.safe_io.FolderInUseError` while another run writes it).
@@ -99,16 +156,18 @@ def run_suite(
         for stale in (*out.glob(".*.tmp"), *out.glob("figures/.*.tmp")):  # staged by a run killed mid-write
             stale.unlink(missing_ok=True)
         ctx = CheckContext(out_dir=out, seed=seed, quick=quick)
-        summary: dict[str, Any] = {"seed": seed, "quick": quick, "only": only, "complete": False, "passed": None,
-                                   "n_checks": len(checks), "results": []}
+        summary: dict[str, Any] = {"seed": seed, "quick": quick, "only": only, "kinds": kinds, "strict": strict,
+                                   "complete": False, "passed": None, "counts": {}, "n_checks": len(checks),
+                                   "results": []}
         _write(out, summary)
         for check in tqdm(checks, desc="checks", unit="check", disable=not progress):
             if announce:
                 print(f"[{check.id}] predicts: {check.predicted}", file=sys.stderr, flush=True)
             summary["results"].append(run_check(check, ctx))
+            summary["counts"] = status_counts(summary["results"])
             _write(out, summary)
         summary["complete"] = True
-        summary["passed"] = all(r["status"] == "pass" for r in summary["results"])
+        summary["passed"] = suite_passed(summary["results"], strict)
         _write(out, summary)
     return summary
 

@@ -99,12 +99,13 @@ def test_run_writes_results_and_report(tmp_path: Path, capsys: pytest.CaptureFix
     code = main(["run", "--quick", "--only", "wide.huber_vs_geometric_median,wide.q_reformulation", "--out", str(out)])
     assert code == 0
     table = capsys.readouterr().out
-    assert "PASS" in table and "2 passed, 0 failed" in table
+    assert "THEOREM (must pass)" in table and "PASS" in table and "2 pass" in table
     results = json.loads((out / "results.json").read_text())
-    assert results["passed"] is True
+    assert results["passed"] is True and results["counts"] == {"theorem": {"pass": 2}}
     for r in results["results"]:
-        assert {"id", "title", "spec", "status", "predicted", "measured", "tolerance", "seconds"} <= set(r)
-        assert r["status"] == "pass"
+        assert {"id", "title", "kind", "source", "regime", "tier", "spec", "status", "predicted", "measured",
+                "tolerance", "seconds"} <= set(r)
+        assert r["status"] == "pass" and r["kind"] == "theorem" and r["tier"] == "quick"
     assert "wide.q_reformulation" in (out / "report.md").read_text()
 
 
@@ -115,7 +116,9 @@ def test_a_raising_check_is_an_error_and_the_others_still_run(tmp_path: Path, mo
     def broken(ctx: registry.CheckContext) -> registry.Outcome:
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(registry.REGISTRY, "zz.broken", registry.Check("zz.broken", "broken", "none", "nothing", broken))
+    broken_check = registry.Check("zz.broken", "broken", "none", "nothing", broken, kind="replication",
+                                  source="a test", regime="none")
+    monkeypatch.setitem(registry.REGISTRY, "zz.broken", broken_check)  # an error counts whatever the kind
     code = main(["run", "--only", "zz.broken,wide.q_reformulation", "--out", str(tmp_path), "--json"])
     assert code == 1
     results = json.loads(capsys.readouterr().out)["results"]

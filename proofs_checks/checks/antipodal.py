@@ -7,6 +7,7 @@ import numpy as np
 from dictcheck.empirics.toy_data import make_toy
 from dictcheck.proofs_checks.figures import plot_threshold_1d
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.proofs_checks.sources import THEORY_PAPER
 from dictcheck.solvers.wide_limit import solve_wide_limit
 from dictcheck.theory.dense_scalar import dense_scalar_optimum
 from dictcheck.theory.symbolic import dense_scalar_bias
@@ -42,6 +43,9 @@ def _atoms(solution) -> str:
     predicted="Active values U[1, 3], N = 4000, λ ∈ {0.1, 0.3}: for p < 1/2 the optimum uses only +u with "
     "b* = λp̂/(1−p̂) exactly; for p > 1/2 it uses the pair ±u and b* > 0.5. Constant amplitude a = 2: the spec's "
     "table of b*, objective and atoms (λ ∈ {0.1, 0.3, 0.6, 1.5}) and the closed form b* = λp/(1−p).",
+    kind="theorem",
+    source=f"{THEORY_PAPER}: the 50% threshold of a dense variable; derived in docs/theory.md §5.1",
+    regime="1-D dense scalar, exact 1-D Huber median (no training); N = 1000 and 4000",
 )
 def threshold_1d(ctx: CheckContext) -> Outcome:
     b_sym, value_sym = dense_scalar_bias()

@@ -9,6 +9,7 @@ import numpy as np
 from dictcheck.empirics.toy_data import Toy, make_toy
 from dictcheck.proofs_checks.figures import plot_absorption, plot_firing_against_p
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.proofs_checks.sources import REFERENCE_LEARNER, THEORY_PAPER
 from dictcheck.solvers.hull_distance import HULL_CANDIDATES, hull_candidate_distances
 from dictcheck.solvers.lasso_codes import exact_codes
 from dictcheck.solvers.reference_learner import ReferenceFit, fit_reference
@@ -52,6 +53,9 @@ def _perturbed(W: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     predicted=f"Independent-features toy: at the reference optimum max |φ_id − 1| on supports and (φ_id − 1)₊ off "
     f"them ≤ {STATIONARY_TOL:g}; the exact codes of the learned dictionary equal the learner's codes; with the codes "
     f"held fixed and the atoms perturbed by N(0, {PERTURBATION}²) the violation exceeds 1e-3.",
+    kind="theorem",
+    source=f"{THEORY_PAPER}: KKT conditions of the codes (feature-residual constraints); docs/theory.md §1, §3 R1",
+    regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_kkt(ctx: CheckContext) -> Outcome:
     toy, fit = _fit("independent_features", ctx.seed)
@@ -76,6 +80,9 @@ def narrow_kkt(ctx: CheckContext) -> Outcome:
     "docs/theory.md §3 S1, R2",
     predicted=f"At the reference optimum max_d ‖ŵ_d − Σ_i π_di r_i/λ‖ ≤ {STATIONARY_TOL:g} (learner codes and exact "
     "codes); at a perturbed dictionary with its own exact codes KKT still holds but S1 fails by more than 1e-3.",
+    kind="theorem",
+    source=f"{THEORY_PAPER}: atom stationarity (feature-residual constraints); docs/theory.md §3 S1",
+    regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_atom_stationarity(ctx: CheckContext) -> Outcome:
     toy, fit = _fit("independent_features", ctx.seed)
@@ -102,6 +109,9 @@ def narrow_atom_stationarity(ctx: CheckContext) -> Outcome:
     "docs/theory.md §3 (4)",
     predicted=f"At learned-bias reference optima (independent features; dense feature with d_z = 3 and 4) every "
     f"atom with 0 < p_d < 1 satisfies (4) to {STATIONARY_TOL:g}, and ‖R1‖/N ≤ {STATIONARY_TOL:g}.",
+    kind="theorem",
+    source=f"{THEORY_PAPER}: the learned-bias identity; docs/theory.md §3 (4)",
+    regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_bias_identity(ctx: CheckContext) -> Outcome:
     rows = []
@@ -127,6 +137,10 @@ def narrow_bias_identity(ctx: CheckContext) -> Outcome:
     predicted="(5) holds exactly: c_d· = Σ_{i∈A_d} π_di φ_i (identity ≤ 1e-8, distance to conv{φ_i : i ∈ A_d} ≤ 1e-6) "
     "at every live atom of every toy's reference optimum. The inactive-point forms (H-inact-res, H-inact-data) and "
     "H-act-data are open; they are measured, not predicted.",
+    kind="theorem",
+    source=f"{THEORY_PAPER}: the convex-hull condition (feature-feature constraints, eq. 6); docs/theory.md §3 "
+    "(5)",
+    regime=f"{REFERENCE_LEARNER}; the eq. 6 variants are measured (open question §8 Q1)",
 )
 def narrow_hull_condition(ctx: CheckContext) -> Outcome:
     fits = [("independent_features", ctx.seed, False), ("parent_child", ctx.seed, False),
@@ -167,6 +181,9 @@ def narrow_hull_condition(ctx: CheckContext) -> Outcome:
     predicted="Ground-truth atoms I₃ with exact codes are not stationary (S1 > 0.1) and have nested supports; the "
     "stationary point reached from them has no nested supports, an objective between the wide-limit bound and the "
     "start, and absorption: the parent is off on some child points and/or the children tilt toward the parent (cos > 0.1).",
+    kind="theorem",
+    source=f"{THEORY_PAPER}: absorption in hierarchies; docs/theory.md §3 S4, §5.2",
+    regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_absorption(ctx: CheckContext) -> Outcome:
     toy, fit = _fit("parent_child", ctx.seed)
@@ -207,6 +224,9 @@ def narrow_absorption(ctx: CheckContext) -> Outcome:
     predicted="Dense-feature toy (p = 0.7): with d_z = 3 the dense atom fires on > 1/2 of the points, (4) holds to "
     "1e-4 and its antipode gain is positive; with a spare latent (d_z = 4) the optimum has a pair with cosine < −0.99 "
     "whose members each fire on ≤ 1/2 + 2/N of the points, at a lower objective.",
+    kind="theorem",
+    source=f"{THEORY_PAPER}: the 50% rule in a narrow dictionary; docs/theory.md §3 S6, §5.4",
+    regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_antipodal_50pct(ctx: CheckContext) -> Outcome:
     toy3, fit3 = _fit("dense_feature", 1)

@@ -97,8 +97,10 @@ def _global_optimum_cases(ctx: CheckContext) -> list[tuple[str, np.ndarray, floa
     "DNN relaxation of (3) = Huber closed form (7), certified by G = λ11ᵀ − RᵀR/λ",
     "docs/theory.md §2.3, §4.2, §4.3",
     predicted="For every data set (N = 5…9, shared rays included): DNN value = (1/N)Σh_λ(‖x_i − b‖) at b or at "
-    "the Huber median; Q* = diag((ρ−λ)₊) for generic data; DNN b = Huber median; max‖r_i‖/λ ≤ 1 and G ≥ 0 "
-    "at the DNN solution; the closed-form dictionary's certified gap is 0.",
+    "the Huber median; Q* = diag((ρ−λ)₊) for generic data; DNN b = Huber median; at the DNN solution G ≥ 0, "
+    "max‖r_i‖/λ = 1 (some point lies beyond λ) and complementary slackness ⟨G, Q⟩ = 0; at the closed form "
+    "‖r_i‖ = λ for every point beyond λ of b, r_i = x_i − b for the others, ⟨G, Q*⟩ = 0; the closed-form "
+    "dictionary's certified gap is 0.",
     kind="theorem",
     source=f"{THEORY_PAPER}: convexity in the wide limit (CP/DNN program) and its closed form; docs/theory.md "
     "§2.3, §4.2–§4.3",
@@ -111,29 +113,44 @@ def global_optimum(ctx: CheckContext) -> Outcome:
         wide = solve_wide_limit(X, lam, b=b)
         R = q_residuals(dnn.Q, centred(X, dnn.b), lam)
         q_formula = wide_optimum_at_bias(X, dnn.b, lam).q_diag
+        closed = wide_optimum_at_bias(X, wide.b, lam)
+        beyond = closed.rho > lam
+        R_closed = q_residuals(np.diag(closed.q_diag), centred(X, wide.b), lam)
+        norms = np.linalg.norm(R_closed, axis=0)
         rows.append({
             "data": name, "N": X.shape[1], "dnn_value": dnn.objective, "closed_form_value": wide.objective,
             "value_diff": abs(dnn.objective - wide.objective),
             "q_diff": float(np.max(np.abs(dnn.Q - np.diag(q_formula)))) if generic and b is not None else None,
             "b_diff": float(np.linalg.norm(dnn.b - wide.b)) if b is None else None,
             "b_tolerance": _bias_tolerance(X, wide.b, lam) if b is None else None,
+            "points_beyond_lam": int(beyond.sum()),
             "cert_ratio": cert_ratio(R, lam), "min_G": float(np.min(certificate_matrix(R, lam))),
             "slack": certificate_slack(R, dnn.Q, lam),
+            "closed_residual_norm_error": float(np.max(np.abs(norms[beyond] - lam), initial=0.0)),
+            "closed_inside_residual_error": float(np.max(np.abs(R_closed[:, ~beyond] - centred(X, wide.b)[:, ~beyond]),
+                                                         initial=0.0)),
+            "closed_slack": certificate_slack(R_closed, np.diag(closed.q_diag), lam),
             "certified_gap": wide.certified_gap, "solver": dnn.solver,
         })
-    tol = {"value": 1e-6, "Q": 2e-4, "b": "max(1e-4, sqrt(2·1e-8/μ)) per data set", "cert_ratio": 1 + 1e-4,
-           "min_G": -1e-4, "certified_gap": 1e-10}
+    tol = {"value": 1e-6, "Q": 2e-4, "b": "max(1e-4, sqrt(2·1e-8/μ)) per data set", "cert_ratio_minus_one": 1e-4,
+           "min_G": -1e-4, "slack": 1e-5, "closed_form_identities": 1e-12, "certified_gap": 1e-10}
     worst = {
         "value_diff": max(r["value_diff"] for r in rows),
         "q_diff": max(r["q_diff"] for r in rows if r["q_diff"] is not None),
         "b_diff": max(r["b_diff"] for r in rows if r["b_diff"] is not None),
         "b_diff_over_tolerance": max(r["b_diff"] / r["b_tolerance"] for r in rows if r["b_diff"] is not None),
-        "cert_ratio": max(r["cert_ratio"] for r in rows),
+        "cert_ratio_minus_one": max(abs(r["cert_ratio"] - 1.0) for r in rows),
         "min_G": min(r["min_G"] for r in rows),
+        "max_abs_slack": max(abs(r["slack"]) for r in rows),
+        "closed_form_identity_error": max(max(r["closed_residual_norm_error"], r["closed_inside_residual_error"],
+                                              abs(r["closed_slack"])) for r in rows),
+        "min_points_beyond_lam": min(r["points_beyond_lam"] for r in rows),
         "certified_gap": max(abs(r["certified_gap"]) for r in rows),
     }
     passed = (worst["value_diff"] <= tol["value"] and worst["q_diff"] <= tol["Q"] and worst["b_diff_over_tolerance"] <= 1
-              and worst["cert_ratio"] <= tol["cert_ratio"] and worst["min_G"] >= tol["min_G"]
+              and worst["min_points_beyond_lam"] > 0 and worst["cert_ratio_minus_one"] <= tol["cert_ratio_minus_one"]
+              and worst["min_G"] >= tol["min_G"] and worst["max_abs_slack"] <= tol["slack"]
+              and worst["closed_form_identity_error"] <= tol["closed_form_identities"]
               and worst["certified_gap"] <= tol["certified_gap"])
     return Outcome(
         measured=worst, tolerance=tol, passed=passed,
@@ -141,7 +158,9 @@ def global_optimum(ctx: CheckContext) -> Outcome:
         "the optimal face, which the spec's reference solves also reached (§9 C1/C2: 1e-6 in value, 2e-4 in Q, "
         "1e-4 in b). Where H is flat (μ = smallest eigenvalue of ∇²H at b* small, e.g. two equal clusters: "
         "the median is nearly a segment) a value accuracy of 1e-8 only pins b to sqrt(2·1e-8/μ), so that is the b "
-        "tolerance when larger. The closed form and its certificate are exact up to float64 rounding.",
+        "tolerance when larger; the solver's residual norms and ⟨G, Q⟩ carry the same ~1e-5 error (measured ≤ 7e-6 "
+        "and 3e-6). Every data set has a point beyond λ, so max‖r_i‖ = λ is an equality there, asserted both ways. "
+        "The closed form and its certificate are exact up to float64 rounding (≤ 1e-12).",
         details={"cases": rows},
     )
 

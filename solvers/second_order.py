@@ -1,4 +1,4 @@
-"""Second-order status of a narrow stationary point of objective (1) (docs/theory.md §8b.4).
+"""Second-order status of a narrow stationary point of objective (1) (docs/theory.md §3.1).
 
 Variables (the face of the constraints the point lies on):
 * for every live atom d, a tangent coordinate v_d ∈ R^{D−1} with ŵ_d(v) = (ŵ_d + B_d v_d)/‖ŵ_d + B_d v_d‖,

@@ -1,5 +1,5 @@
 """Brute-force optimum of objective (1) on data made of mutually orthogonal groups of rays
-(docs/theory.md §8b.2), used as the prediction of the width sweep.
+(docs/theory.md §4.6), used as the prediction of the width sweep.
 
 Data: groups g = 1..G of points, each group inside its own 2-plane P_g (planes mutually orthogonal), b = 0.
 An atom inside P_g never fires on another group's points (correlation 0 ≤ λ), so with atoms kept inside the

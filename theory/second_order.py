@@ -1,4 +1,4 @@
-"""Second-order closed form at a symmetric narrow stationary point (docs/theory.md §8b.4).
+"""Second-order closed form at a symmetric narrow stationary point (docs/theory.md §3.1).
 
 Data on two rays from b = 0 at angles ±α about a unit direction e, one unit atom u(θ) at angle θ from e,
 exact codes. If every point is active on the bisector (ρ_i cos α > λ), then near θ = 0

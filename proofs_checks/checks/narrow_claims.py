@@ -1,4 +1,5 @@
-"""Checks of claims of the theory paper that the other narrow checks leave out (docs/theory.md §8b):
+"""Checks of claims of the theory paper that the other narrow checks leave out (docs/theory.md §2.4, §3.1,
+§4.6, §4.7):
 no spurious local minima at wide width, feature splitting as width grows, one atom per mutually
 exclusive category, and the second-order status of narrow stationary points."""
 
@@ -41,7 +42,7 @@ def _runs(X: np.ndarray, lam: float, b: np.ndarray | None, d_z: int, starts: int
 @check(
     "narrow.global_at_wide_width",
     "At d_z ≥ #rays every local minimum is global: random starts end at the Huber bound or at a reducible saddle",
-    "docs/theory.md §2.2 (convexity), §2.3, §4.4, §8b.1",
+    "docs/theory.md §2.2 (convexity), §2.3, §4.4, §2.4",
     predicted=f"Gaussian data (D = 3, N = 8, λ = 0.5), b = 0 and learned b, d_z = N ≥ #rays, {GLOBAL_STARTS} random "
     "starts each: every stopping point of the reference learner is either at the Huber bound (7) to "
     f"{GLOBAL_TOL:g} or reducible (a dead or duplicated latent) with max‖r_i‖ > λ, i.e. not a local minimum; "
@@ -49,7 +50,7 @@ def _runs(X: np.ndarray, lam: float, b: np.ndarray | None, d_z: int, starts: int
     "d_z = #rays − 1 (premise fails) no start reaches it and the learner ends at irreducible stationary points.",
     kind="replication",
     source=f"{THEORY_PAPER}: in the wide limit the problem is convex and every local minimum is global; "
-    "docs/theory.md §2.2, §8b.1",
+    "docs/theory.md §2.2, §2.4",
     regime=f"{REFERENCE_LEARNER}; {GLOBAL_STARTS} random starts per setting (Gaussian atoms, Exp(1) codes), "
     "revival of reducible stopping points by the S6 best new atom",
     quick=False,
@@ -101,6 +102,8 @@ def narrow_global_at_wide_width(ctx: CheckContext) -> Outcome:
                 f"max projected gradient {stationary:.1e}", stationary <= 1e-8),
     ]
     reached = sum(r["wide_reached_directly"] for r in settings)
+    stops = sum(r["wide_non_global_stops"] for r in settings)
+    dead = sum(r["wide_non_global_stops_with_dead_latent"] for r in settings)
     return Outcome.for_replication(
         claim_holds=wide_ok, controls=controls,
         measured={"max_gap_after_revival": max(r["wide_max_gap_after_revival"] for r in settings),
@@ -113,13 +116,14 @@ def narrow_global_at_wide_width(ctx: CheckContext) -> Outcome:
         "optimum matches the closed form to ~1e-12; 1e-8 separates it from the smallest non-global stop seen "
         "(~1e-5).",
         details={"settings": settings},
-        finding=(f"Only {reached}/{2 * GLOBAL_STARTS} random starts stop at the bound directly; the others stop at "
-                 "stationary points with a dead or duplicated latent (the zero-row trap), which are saddles, not "
-                 "local minima: reviving the spare latent reaches the bound."),
+        finding=(f"Only {reached}/{2 * GLOBAL_STARTS} random starts stop at the bound directly. The other "
+                 f"{stops} stop at stationary points that are reducible with max‖r_i‖ > λ ({dead} with a dead latent: "
+                 f"not local minima; {stops - dead} with duplicated atoms only: equal in (1) to a dead-latent point, "
+                 "so not strict local minima, docs/theory.md §2.4); reviving the spare latent reaches the bound."),
     )
 
 
-#: The symmetric two-ray data of §8b.4: rays at ±α from b = 0, these radii on each, λ.
+#: The symmetric two-ray data of §3.1: rays at ±α from b = 0, these radii on each, λ.
 SADDLE_RADII = (1.0, 1.5, 2.0)
 SADDLE_LAM = 0.1
 SADDLE_ALPHA, MINIMUM_ALPHA = 0.8, 0.2
@@ -150,7 +154,7 @@ def _bisector_status(alpha: float) -> dict[str, float]:
     "narrow.second_order",
     "Second-order status: the restricted Hessian is PD at the learner's optima and has negative curvature at a "
     "symmetric saddle",
-    "docs/theory.md §8b.4",
+    "docs/theory.md §3.1",
     predicted=f"At the reference optima of independent features, parent/child and the dense feature (d_z = 3, 4) the "
     "Hessian of (1) on the constraint face (sphere tangents, active codes, learned b), computed by torch autograd, "
     f"has min eigenvalue ≥ −{HESSIAN_TOL:g}·max|eig| (PSD; strict complementarity holds). At the bisector of two rays "
@@ -159,7 +163,7 @@ def _bisector_status(alpha: float) -> dict[str, float]:
     f"of (1) at exact codes to 1e-5); at ±{MINIMUM_ALPHA} the same closed form is > 0.",
     kind="theorem",
     source=f"{THEORY_PAPER}: narrow stationary points (local conditions) — second-order status derived here; "
-    "docs/theory.md §8b.4",
+    "docs/theory.md §3.1",
     regime=f"{REFERENCE_LEARNER}; the symmetric two-ray point is constructed, not learned",
 )
 def narrow_second_order(ctx: CheckContext) -> Outcome:
@@ -194,7 +198,7 @@ def narrow_second_order(ctx: CheckContext) -> Outcome:
                    details={"optima": optima, "saddle": saddle, "minimum": minimum})
 
 
-#: §8b.2 width sweep: two orthogonal groups of two rays each (half-angles below), 3 points per ray, λ, widths.
+#: §4.6 width sweep: two orthogonal groups of two rays each (half-angles below), 3 points per ray, λ, widths.
 SPLIT_HALF_ANGLES = (0.35, 0.2)
 SPLIT_LAM = 0.1
 SPLIT_WIDTHS = (1, 2, 3, 4, 5)
@@ -229,7 +233,7 @@ def _sweep(toy: Toy, planes: list[np.ndarray], rng: np.random.Generator) -> dict
     out = {}
     for d_z in SPLIT_WIDTHS:
         best = min(_runs(toy.X, toy.lam, toy.b_fixed, d_z, SPLIT_STARTS, rng), key=lambda r: r.fit.objective)
-        W, Z = distinct_atoms(best.fit)
+        W, Z = distinct_atoms(best.fit.W, best.fit.Z)
         counts, supports = _structure(W, Z, planes)
         out[d_z] = {"objective": best.fit.objective, "allocation": counts, "supports": supports}
     return out
@@ -247,7 +251,7 @@ def _predicted_splits(allocation: dict[int, tuple[int, ...]]) -> list[int]:
 @check(
     "narrow.width_splitting",
     "Features split as width grows: a group's atom is replaced by one atom per ray, in the predicted order",
-    "docs/theory.md §4.4, §8b.2",
+    "docs/theory.md §4.4, §4.6",
     predicted=f"Two orthogonal groups of two rays (half-angles {SPLIT_HALF_ANGLES} rad, b = 0, λ = {SPLIT_LAM}), widths "
     f"{SPLIT_WIDTHS}: the brute-force optimum (allocation of atoms to groups, computed before fitting and recorded "
     "in details) says which group is represented at d_z = 1, one atom per group at 2, which group splits at 3 (the "
@@ -257,7 +261,7 @@ def _predicted_splits(allocation: dict[int, tuple[int, ...]]) -> list[int]:
     "width) are exactly the predicted ones.",
     kind="replication",
     source=f"{THEORY_PAPER}: feature splitting as the dictionary widens, until every ray has its own atom; "
-    "docs/theory.md §4.4, §8b.2",
+    "docs/theory.md §4.4, §4.6",
     regime=f"{REFERENCE_LEARNER}; {SPLIT_STARTS} random starts per width with revival, best kept; 12 points in R⁴",
     quick=False,
 )
@@ -307,7 +311,7 @@ def narrow_width_splitting(ctx: CheckContext) -> Outcome:
     )
 
 
-#: §8b.3: K category directions in R^D (K > D: superposition), points per category, λ; b = 0 fixed.
+#: §4.7: K category directions in R^D (K > D: superposition), points per category, λ; b = 0 fixed.
 CATEGORIES = {"K": 5, "D": 3, "per_category": 10, "lam": 0.1}
 CATEGORY_STARTS = 6
 #: Co-occurring points added for the negative control (pairs of categories on together).
@@ -346,14 +350,14 @@ def _one_atom_each(W: np.ndarray, Z: np.ndarray, U: np.ndarray, category: np.nda
 @check(
     "narrow.exclusive_categories",
     "Mutually exclusive categories stay one atom each, at d_z = K and wider",
-    "docs/theory.md §4.1, §4.4, §8b.3",
+    "docs/theory.md §4.1, §4.4, §4.7",
     predicted=f"K = {CATEGORIES['K']} categories in R^{CATEGORIES['D']} (superposition), exactly one on per point "
     f"(x = a u_k, a ~ U[1, 2]), b = 0, λ = {CATEGORIES['lam']}: every category is one ray, so (§4.4) the K category "
     "directions with codes a − λ attain the Huber bound and every optimum has one atom per category (equality in "
     f"(6) forces alignment). From {CATEGORY_STARTS} random starts with revival, at d_z = K and K + 2: objective at the "
     "bound to 1e-8 and one atom per category (cos > 1 − 1e-6), each point coded by its category's atom alone.",
     kind="replication",
-    source=f"{THEORY_PAPER}: mutually exclusive features are represented by one atom each; docs/theory.md §8b.3",
+    source=f"{THEORY_PAPER}: mutually exclusive features are represented by one atom each; docs/theory.md §4.7",
     regime=f"{REFERENCE_LEARNER}; {CATEGORY_STARTS} random starts per width with revival",
     quick=False,
 )
@@ -366,7 +370,7 @@ def narrow_exclusive_categories(ctx: CheckContext) -> Outcome:
     rows = []
     for d_z in (K, K + 2):
         for run in _runs(toy.X, lam, b, d_z, CATEGORY_STARTS, rng):
-            ok, info = _one_atom_each(*distinct_atoms(run.fit), U, category)
+            ok, info = _one_atom_each(*distinct_atoms(run.fit.W, run.fit.Z), U, category)
             rows.append({"d_z": d_z, "gap": run.fit.objective - bound, "direct_gap": run.first_objective - bound,
                          "revivals": run.revivals, "one_atom_each": ok, **info})
     claim = all(r["one_atom_each"] and abs(r["gap"]) <= GLOBAL_TOL for r in rows)
@@ -376,7 +380,7 @@ def narrow_exclusive_categories(ctx: CheckContext) -> Outcome:
     truth_gap = sae_objective(U, truth.Z, b, toy.X, lam) - bound
     # negative control: with co-occurring pairs the categories are no longer exclusive
     mixed_category = np.r_[category, np.full(CO_OCCURRING, -1)]
-    mixed = [_one_atom_each(*distinct_atoms(r.fit), U, mixed_category)[0]
+    mixed = [_one_atom_each(*distinct_atoms(r.fit.W, r.fit.Z), U, mixed_category)[0]
              for r in _runs(X_mixed, lam, b, K + 2, CATEGORY_STARTS // 2, rng)]
     controls = [
         Control("category dictionary", "positive", "the K category directions with exact codes sit at the bound "

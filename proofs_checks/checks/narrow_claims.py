@@ -45,7 +45,8 @@ def _runs(X: np.ndarray, lam: float, b: np.ndarray | None, d_z: int, starts: int
     "docs/theory.md §2.2 (convexity), §2.3, §4.4, §2.4",
     predicted=f"Gaussian data (D = 3, N = 8, λ = 0.5), b = 0 and learned b, d_z = N ≥ #rays, {GLOBAL_STARTS} random "
     "starts each: every stopping point of the reference learner is either at the Huber bound (7) to "
-    f"{GLOBAL_TOL:g} or reducible (a dead or duplicated latent) with max‖r_i‖ > λ, i.e. not a local minimum; "
+    f"{GLOBAL_TOL:g} or reducible (a dead or duplicated latent) with max‖r_i‖ > λ, i.e. not a local minimum (not a "
+    "strict one for duplicates, docs/theory.md §2.4); "
     "reviving the spare latent at the best new atom and refitting reaches the bound from every start. At "
     "d_z = #rays − 1 (premise fails) no start reaches it and the learner ends at irreducible stationary points.",
     kind="replication",

@@ -1,7 +1,6 @@
-"""Checks of claims of the theory paper that the other narrow checks leave out (docs/theory.md §2.4, §3.1,
-§4.6, §4.7):
-no spurious local minima at wide width, feature splitting as width grows, one atom per mutually
-exclusive category, and the second-order status of narrow stationary points."""
+"""Checks of claims of the theory paper that the other narrow checks leave out: no spurious local minima at
+wide width (docs/theory.md §2.4), the second-order status of narrow stationary points (§3.1), feature
+splitting as width grows (§4.6), and one atom per mutually exclusive category (§4.7)."""
 
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ def _random_start(rng: np.random.Generator, D: int, d_z: int, N: int) -> tuple[n
 
 def _runs(X: np.ndarray, lam: float, b: np.ndarray | None, d_z: int, starts: int,
           rng: np.random.Generator) -> list[RevivalFit]:
+    """``starts`` random starts at width d_z, each fitted with revival (b fixed at ``b``, learned if None)."""
     D, N = X.shape
     b0 = np.zeros(D) if b is None else b
     return [fit_with_revival(X, lam, *_random_start(rng, D, d_z, N), b0=b0, learn_bias=b is None)
@@ -240,8 +240,9 @@ def _sweep(toy: Toy, planes: list[np.ndarray], rng: np.random.Generator) -> dict
     return out
 
 
-def _split_events(per_width: dict[int, dict]) -> list[int]:
-    return [_splits(per_width[k]["supports"], per_width[k + 1]["supports"]) for k in SPLIT_WIDTHS[:-1]]
+def _split_events(per_width: dict[int, dict], widths: tuple[int, ...] = SPLIT_WIDTHS) -> list[int]:
+    """Split events between consecutive widths (:func:`_splits`)."""
+    return [_splits(per_width[k]["supports"], per_width[k + 1]["supports"]) for k in widths[:-1]]
 
 
 def _predicted_splits(allocation: dict[int, tuple[int, ...]]) -> list[int]:
@@ -284,8 +285,7 @@ def narrow_width_splitting(ctx: CheckContext) -> Outcome:
         W = np.column_stack([a for g, n in enumerate(prediction.allocation[k])
                              for a in ([bisectors[g]] if n == 1 else list(rays[:, 2 * g:2 * g + n].T))])
         constructed[k] = {"supports": _structure(W, exact_codes(W, toy.X, toy.b_fixed, toy.lam).Z, planes)[1]}
-    constructed_splits = [_splits(constructed[k]["supports"], constructed[k + 1]["supports"])
-                          for k in SPLIT_WIDTHS[:-2]]
+    constructed_splits = _split_events(constructed, SPLIT_WIDTHS[:-1])
     # negative control: each group one ray (half-angles 0): nothing to split
     flat_toy, _ = _ray_groups((0.0, 0.0), ctx.seed)
     flat_splits = _split_events(_sweep(flat_toy, planes, rng))

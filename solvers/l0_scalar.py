@@ -11,6 +11,7 @@ O(N log N) with prefix sums.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +70,28 @@ def l0_fit(s: ArrayLike, c: float, atoms: str) -> L0ScalarFit:
     b_best = float(b[j])
     # Re-evaluate at the chosen b with the per-point costs (removes prefix-sum cancellation).
     return L0ScalarFit(atoms=atoms, b=b_best, objective=float(np.mean(l0_point_costs(x, b_best, c, atoms))))
+
+
+def l0_fit_exhaustive(s: ArrayLike, c: float, atoms: str) -> float:
+    """Brute force for small samples (2^N assignments): min over the set A of points that buy a latent (price c
+    each) and over b of (1/N)[Σ_{i∉A}(s_i − b)² + c|A|], b constrained so that every bought residual has a sign
+    an atom of ``atoms`` covers (+u: b ≤ min_A s; −u: b ≥ max_A s). Independent of :func:`l0_fit`."""
+    x = np.asarray(s, dtype=np.float64).reshape(-1)
+    if x.size > 16:
+        raise ValueError(f"exhaustive search takes at most 16 points, got {x.size}")
+    best = np.inf
+    for mask in itertools.product((False, True), repeat=x.size):
+        A = np.array(mask)
+        if atoms == "none" and A.any():
+            continue
+        free = x[~A]
+        b = free.mean() if free.size else 0.0
+        if atoms == "+u" and A.any():
+            b = min(b, x[A].min()) if free.size else x[A].min()
+        if atoms == "-u" and A.any():
+            b = max(b, x[A].max()) if free.size else x[A].max()
+        best = min(best, (np.sum((free - b) ** 2) + c * A.sum()) / x.size)
+    return float(best)
 
 
 def l0_optimum(s: ArrayLike, c: float, tie: float = 1e-12) -> L0ScalarOptimum:

@@ -3,14 +3,12 @@ assignments and a grid over b, and the population closed form against numerical 
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.solvers.l0_scalar import l0_fit, l0_optimum
+from dictcheck.solvers.l0_scalar import l0_fit, l0_fit_exhaustive, l0_optimum
 from dictcheck.theory.dense_scalar import L0_ATOM_SETS, l0_point_costs, l0_uniform_optimum, l0_uniform_threshold
 
 seeds = st.integers(0, 2**32 - 1)
@@ -23,32 +21,13 @@ def _sample(seed: int, n_max: int) -> tuple[np.ndarray, float]:
     return s, float(rng.uniform(0.01, 2.0))
 
 
-def _exhaustive(s: np.ndarray, c: float, atoms: str) -> float:
-    """min over the points A that buy a latent (price c each) and b of Σ_{i∉A}(s_i − b)² + c|A|, b
-    constrained so that every bought residual has a sign an atom covers (+u: b ≤ min_A s; −u: b ≥ max_A s)."""
-    best = np.inf
-    n = s.size
-    for mask in itertools.product((False, True), repeat=n):
-        A = np.array(mask)
-        if atoms == "none" and A.any():
-            continue
-        free = s[~A]
-        b = free.mean() if free.size else 0.0
-        if atoms == "+u" and A.any():
-            b = min(b, s[A].min()) if free.size else s[A].min()
-        if atoms == "-u" and A.any():
-            b = max(b, s[A].max()) if free.size else s[A].max()
-        best = min(best, (np.sum((free - b) ** 2) + c * A.sum()) / n)
-    return float(best)
-
-
 @settings(max_examples=80, deadline=None)
 @given(seeds)
 def test_solver_equals_exhaustive_search_over_assignments(seed: int) -> None:
     s, c = _sample(seed, 7)
     for atoms in L0_ATOM_SETS:
         fit = l0_fit(s, c, atoms)
-        assert fit.objective == pytest.approx(_exhaustive(s, c, atoms), rel=1e-10, abs=1e-12)
+        assert fit.objective == pytest.approx(l0_fit_exhaustive(s, c, atoms), rel=1e-10, abs=1e-12)
         assert fit.objective == pytest.approx(float(np.mean(l0_point_costs(s, fit.b, c, atoms))), abs=1e-12)
 
 
@@ -103,6 +82,8 @@ def test_threshold_values_and_regime() -> None:
         l0_point_costs(np.zeros(2), 0.0, 0.1, "u")
     with pytest.raises(ValueError, match="finite"):
         l0_fit(np.array([np.nan]), 0.1, "+u")
+    with pytest.raises(ValueError, match="at most 16"):
+        l0_fit_exhaustive(np.zeros(17), 0.1, "+u")
 
 
 def test_best_set_prefers_fewer_atoms_on_ties() -> None:

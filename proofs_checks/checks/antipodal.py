@@ -3,15 +3,13 @@ analogue (§5.5)."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from dictcheck.empirics.toy_data import make_toy
 from dictcheck.proofs_checks.figures import plot_threshold_1d
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 from dictcheck.proofs_checks.sources import THEORY_PAPER
-from dictcheck.solvers.l0_scalar import l0_fit, l0_optimum
+from dictcheck.solvers.l0_scalar import l0_fit, l0_fit_exhaustive, l0_optimum
 from dictcheck.solvers.wide_limit import solve_wide_limit
 from dictcheck.theory.dense_scalar import L0_ATOM_SETS, dense_scalar_optimum, l0_uniform_optimum, l0_uniform_threshold
 from dictcheck.theory.symbolic import dense_scalar_bias
@@ -135,23 +133,6 @@ def _empirical_threshold(c: float) -> float:
     return hi_k / L0_QUANTILE_N
 
 
-def _exhaustive_l0(s: np.ndarray, c: float, atoms: str) -> float:
-    """Brute force: min over the points that buy a latent and over b (sign constraints of the atom set)."""
-    best = np.inf
-    for mask in itertools.product((False, True), repeat=s.size):
-        A = np.array(mask)
-        if atoms == "none" and A.any():
-            continue
-        free = s[~A]
-        b = free.mean() if free.size else 0.0
-        if atoms == "+u" and A.any():
-            b = min(b, s[A].min()) if free.size else s[A].min()
-        if atoms == "-u" and A.any():
-            b = max(b, s[A].max()) if free.size else s[A].max()
-        best = min(best, (np.sum((free - b) ** 2) + c * A.sum()) / s.size)
-    return float(best)
-
-
 @check(
     "antipodal.l0_threshold_1d",
     "Dense scalar under an L0 price: one latent up to p* = 1/(1 + (4/3)√c/(hi − lo)), not 1/2",
@@ -196,7 +177,7 @@ def l0_threshold_1d(ctx: CheckContext) -> Outcome:
         s = np.where(rng.random(n) < 0.5, 0.0, rng.uniform(0.0, 3.0, n))
         c = float(rng.uniform(0.05, 1.0))
         for atoms in L0_ATOM_SETS:
-            exhaustive_err = max(exhaustive_err, abs(l0_fit(s, c, atoms).objective - _exhaustive_l0(s, c, atoms)))
+            exhaustive_err = max(exhaustive_err, abs(l0_fit(s, c, atoms).objective - l0_fit_exhaustive(s, c, atoms)))
     constant = {}
     for p in (0.4, 0.6):
         opt = l0_optimum(make_toy("dense_scalar", p=p, N=1000, amplitude="constant", a=2.0).ground_truth["s"], 0.1)

@@ -9,7 +9,7 @@ import pytest
 
 from dictcheck.proofs_checks.registry import CheckContext, load_all_checks
 
-SAE_IDS = ("sae.antipodal_threshold", "sae.wide_limit", "sae.absorption_vs_width", "sae.amortisation_gap")
+SAE_IDS = ("sae.antipodal_threshold", "sae.antipodal_threshold_jumprelu", "sae.wide_limit", "sae.absorption_vs_width", "sae.amortisation_gap")
 
 
 @pytest.fixture(scope="module")
@@ -63,5 +63,18 @@ def test_antipodal_reduced_relu(ctx):
     rows = antipodal_table(ctx, p_grid=(0.3, 0.7), archs=("relu",), steps=600)
     by_p = {r["p"]: r for r in rows}
     assert not by_p[0.3]["pair"] and by_p[0.7]["pair"]
-    assert by_p[0.7]["pair_support_overlap"] == pytest.approx(0.0, abs=1e-12)
+    assert min(c["jaccard"] for c in by_p[0.7]["antiparallel"]) == pytest.approx(0.0, abs=1e-12)
     assert np.isfinite(by_p[0.7]["b_dot_u"]) and by_p[0.7]["b_dot_u"] > 0.5
+    assert by_p[0.7]["rel_excess"] >= -1e-9  # the Huber bound is a lower bound
+
+
+def test_pair_needs_disjoint_supports() -> None:
+    """Cosine −1 alone is not a pair: a duplicated line (same points, signed codes) has Jaccard 1."""
+    from dictcheck.proofs_checks.checks.sae import pair_summary
+
+    W = np.array([[1.0, -1.0], [0.0, 0.0]])
+    r = np.r_[np.linspace(-2, -1, 10), np.linspace(1, 2, 10)]
+    split = pair_summary(W, np.stack([np.maximum(r, 0), np.maximum(-r, 0)]))
+    duplicated = pair_summary(W, np.stack([r / 2, -r / 2]))
+    assert split["pair"] and split["antiparallel"][0]["jaccard"] == 0.0
+    assert not duplicated["pair"] and duplicated["antiparallel"][0]["jaccard"] == 1.0

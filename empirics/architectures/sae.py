@@ -24,7 +24,7 @@ from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.sae_io import SaeConfig
 from dictcheck.empirics.sae_models import make_sae
 
-__all__ = ["sae_default_lr", "LinearSAE", "Relu", "TopK", "BatchTopK", "JumpReLU", "Abs"]
+__all__ = ["sae_default_lr", "LinearSAEOptions", "LinearSAE", "Relu", "TopK", "BatchTopK", "JumpReLU", "Abs"]
 
 #: Centring rules (docs/ecosystem.md §3 init): geometric median of the first batch by default.
 SAE_B_DEC_INITS = ("geometric_median", "huber_median", "mean", "zero")
@@ -42,7 +42,16 @@ def linear_schema(d_in: int, d_sae: int) -> Schema:
 
 
 @dataclass(frozen=True)
-class LamOptions(ArchOptions):
+class LinearSAEOptions(ArchOptions):
+    """Options every linear SAE takes: ``freeze_b_dec`` keeps b_dec at its ``b_dec_init`` value through training
+    (with ``b_dec_init = "zero"``: b = 0, the fixed-bias setting of toys such as docs/theory.md §5.2, where a
+    learned b_dec would take over an always-on feature). Python API only; saved with the other options."""
+
+    freeze_b_dec: bool = option(False, help="keep b_dec at its b_dec_init value during training", cli=False)
+
+
+@dataclass(frozen=True)
+class LamOptions(LinearSAEOptions):
     """relu and abs: λ of objective (1) (penalty 2λ‖z‖₁, mean over tokens)."""
 
     lam: float | None = option(None, type=float, help="λ of objective (1): penalty 2λ‖z‖₁, mean over tokens "
@@ -71,7 +80,7 @@ class JumpReLUOptions(LamOptions):
 
 
 @dataclass(frozen=True)
-class TopKOptions(ArchOptions):
+class TopKOptions(LinearSAEOptions):
     """topk: k active latents per token and the AuxK coefficient."""
 
     k: int | None = option(None, type=int, help="active latents per token (topk, batchtopk, vasae); active "
@@ -122,7 +131,15 @@ class LinearSAE(Architecture):
         return linear_schema(d_in, d_sae)
 
     def init_model(self, d_in: int, d_sae: int, options: ArchOptions, *, seed: int, dtype: torch.dtype) -> Featurizer:
-        return make_sae(self.name, d_in, d_sae, seed=seed, dtype=dtype, **options.to_dict())
+        """The model of :func:`make_sae`; b_dec stops taking gradients when ``freeze_b_dec`` (Adam then leaves it
+        where the training loop's centring rule put it)."""
+        kwargs = options.to_dict()
+        freeze = kwargs.pop("freeze_b_dec")
+        if not isinstance(freeze, bool):
+            raise ValueError(f"freeze_b_dec must be true or false, got {freeze!r}")
+        model = make_sae(self.name, d_in, d_sae, seed=seed, dtype=dtype, **kwargs)
+        model.b_dec.requires_grad_(not freeze)
+        return model
 
     def folder_options(self, cfg: SaeConfig) -> ArchOptions:
         """A linear SAE needs only the SAELens fields (``k``); λ only enters the training loss, so a folder

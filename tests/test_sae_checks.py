@@ -79,3 +79,18 @@ def test_pair_needs_disjoint_supports() -> None:
     duplicated = pair_summary(W, np.stack([r / 2, -r / 2]))
     assert split["pair"] and split["antiparallel"][0]["jaccard"] == 0.0
     assert not duplicated["pair"] and duplicated["antiparallel"][0]["jaccard"] == 1.0
+
+
+def test_absorption_measures_on_ground_truth_and_a_tilt() -> None:
+    from dictcheck.empirics.toy_data import make_toy
+    from dictcheck.proofs_checks.checks.sae import absorption_measures
+    from dictcheck.solvers.lasso_codes import exact_codes
+
+    toy = make_toy("parent_child", seed=0)
+    labels, W = toy.ground_truth["labels"], np.eye(3)
+    gt = absorption_measures(W, exact_codes(W, toy.X, np.zeros(3), toy.lam).Z, labels)
+    assert not gt["absorbed"] and gt["parent_off_excess"] == 0.0 and gt["child_parent_cosines"] == [0.0, 0.0]
+    tilted = W.copy()
+    tilted[:, 1] = np.array([0.6, 0.8, 0.0])
+    m = absorption_measures(tilted, exact_codes(tilted, toy.X, np.zeros(3), toy.lam).Z, labels)
+    assert m["absorbed"] and m["child_parent_cosines"][0] == pytest.approx(0.6)

@@ -29,6 +29,7 @@ from dictcheck.proofs_checks.sources import THEORY_PAPER
 from dictcheck.solvers.l0_scalar import l0_optimum
 from dictcheck.solvers.lasso_codes import exact_codes
 from dictcheck.solvers.polish import exact_code_objective, polish_dictionary
+from dictcheck.solvers.reference_learner import fit_reference
 from dictcheck.solvers.wide_limit import solve_wide_limit
 from dictcheck.theory.dense_scalar import l0_uniform_threshold
 from dictcheck.theory.diagnostics import dictionary_diagnostics, most_antipodal_pair, nested_pairs
@@ -53,6 +54,9 @@ FLIP_SHARE = 0.9
 OBJECTIVE_MARGIN = 0.05
 LIVE_FRACTION = 0.01  # a latent is live when it fires on at least 1% of the points
 ABSORPTION_WIDTHS = (2, 3, 4, 6)
+ABSORPTION_STEPS = 2000
+ABSORPTION_TILT = 0.1
+ABSORPTION_MARGIN = 0.05
 GAP_ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
 GAP_TOL = -1e-9
 WIDE_REL_TOL = 0.02
@@ -77,9 +81,11 @@ class _Trained:
 
 
 def _train(X: np.ndarray, arch: str, d_sae: int, *, seed: int, steps: int, lam: float | None = None,
-           k: int | None = None, batch_size: int | None = None, b_dec_init: str = "geometric_median") -> _Trained:
+           k: int | None = None, batch_size: int | None = None, b_dec_init: str = "geometric_median",
+           freeze_b_dec: bool = False) -> _Trained:
     """Train one SAE on X (D, N) with the project's loop (nothing written) and encode X."""
     options: dict[str, Any] = {"k": k} if k is not None else {"lam": lam}
+    options["freeze_b_dec"] = freeze_b_dec
     if arch == "jumprelu":
         options.update(_JUMPRELU)
     model = build_model(arch, X.shape[0], d_sae, options, seed=int(seed), dtype=torch.float64)
@@ -500,95 +506,113 @@ def sae_wide_limit(ctx: CheckContext) -> Outcome:
 # sae.absorption_vs_width
 
 
-def absorption_rows(ctx: CheckContext, widths: tuple[int, ...] = ABSORPTION_WIDTHS, steps: int = 2000) -> list[dict]:
+def absorption_measures(W: np.ndarray, Z: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """The two absorption measures of docs/theory.md §5.2 for a dictionary W (3, d) with codes Z (d, N) on the
+    parent/child toy: the parent latent (largest cosine with e₁ among live latents) is off on child points in
+    excess of its off-rate on parent-only points, and the child latents' (largest cosine with e₂, e₃) cosine with
+    the parent atom (a tilt). ``absorbed``: excess > 0 or a tilt > ABSORPTION_TILT."""
+    live = np.flatnonzero(_live(Z))
+    if live.size == 0:
+        return {"absorbed": False, "n_live": 0}
+    Wn = W[:, live] / np.linalg.norm(W[:, live], axis=0)
+    parent = int(live[np.argmax(Wn[0])])
+    kids = [int(live[np.argmax(Wn[c])]) for c in (1, 2)]
+    child = labels > 0
+    off_child, off_parent = float(np.mean(Z[parent, child] <= 0)), float(np.mean(Z[parent, ~child] <= 0))
+    tilts = [float(W[:, parent] @ W[:, d] / (np.linalg.norm(W[:, parent]) * np.linalg.norm(W[:, d])))
+             for d in kids if d != parent]
+    return {"n_live": int(live.size), "parent_latent": parent, "child_latents": kids,
+            "parent_off_on_child_points": off_child, "parent_off_on_parent_only_points": off_parent,
+            "parent_off_excess": off_child - off_parent, "child_parent_cosines": tilts,
+            "absorbed": bool(off_child - off_parent > 0 or (tilts and max(tilts) > ABSORPTION_TILT))}
+
+
+def absorption_rows(ctx: CheckContext, widths: tuple[int, ...] = ABSORPTION_WIDTHS,
+                    steps: int = ABSORPTION_STEPS) -> list[dict]:
+    """Per width: a relu SAE trained with b_dec frozen at 0 (the toy's b = 0), its absorption measures at encoder
+    and exact codes, and the reference learner (b = 0 fixed) polished from the trained decoder."""
     toy = make_toy("parent_child", seed=ctx.seed)
     X, lam, labels = toy.X, toy.lam, toy.ground_truth["labels"]
-    child = labels > 0
     rows = []
     for width in widths:
-        t = _train(X, "relu", width, seed=ctx.seed, steps=steps, lam=lam, b_dec_init="zero")
-        live = _live(t.Z)
-        idx = np.flatnonzero(live)
+        t = _train(X, "relu", width, seed=ctx.seed, steps=steps, lam=lam, b_dec_init="zero", freeze_b_dec=True)
         Zx = exact_codes(t.W, X, t.b, lam).Z
-        live_x = _live(Zx)
-        diag = dictionary_diagnostics(t.W[:, live_x], Zx[live_x], t.b, X, lam)
-        row: dict[str, Any] = {"width": width, "n_live": int(live.sum()), "b_dec": t.b,
-                               "objective_encoder": unit_atom_objective(t.W, t.Z, t.b, X, lam),
-                               "objective_exact": unit_atom_objective(t.W, Zx, t.b, X, lam),
-                               "nested_pairs_exact": [list(pr) for pr in diag.nested_pairs],
-                               "nested_pairs_encoder": [list(pr) for pr in nested_pairs((t.Z != 0)[live])]}
-        if idx.size:
-            cos_e = t.W[:, idx].T  # (n_live, 3): cosine with e1, e2, e3
-            parent = int(idx[np.argmax(cos_e[:, 0])])
-            kids = [int(idx[np.argmax(cos_e[:, c])]) for c in (1, 2)]
-            row.update({
-                "parent_latent": parent, "parent_cos_e1": float(t.W[0, parent]), "child_latents": kids,
-                "child_cos_own_axis": [float(t.W[c + 1, d]) for c, d in enumerate(kids)],
-                "child_parent_cosines": [float(t.W[:, parent] @ t.W[:, d]) if d != parent else None for d in kids],
-                "parent_off_on_child_points_encoder": float(np.mean(t.Z[parent, child] == 0)),
-                "parent_off_on_child_points_exact": float(np.mean(Zx[parent, child] <= 0)),
-                "parent_off_on_parent_only_points_encoder": float(np.mean(t.Z[parent, ~child] == 0)),
-            })
-        rows.append(row)
+        ref = fit_reference(X, lam, W0=t.W, b0=np.zeros(3), learn_bias=False)
+        rows.append({"width": width, "b_dec_norm": float(np.linalg.norm(t.b)),
+                     "objective_encoder": unit_atom_objective(t.W, t.Z, t.b, X, lam),
+                     "objective_exact": unit_atom_objective(t.W, Zx, t.b, X, lam),
+                     "objective_reference_polished": ref.objective,
+                     "encoder": absorption_measures(t.W, t.Z, labels), "exact": absorption_measures(t.W, Zx, labels),
+                     "reference_polished": absorption_measures(ref.W, ref.Z, labels),
+                     "reference_atom_cosines": [float(c) for c in np.sum(ref.W * t.W, axis=0)],
+                     "nested_pairs_encoder": [list(pr) for pr in nested_pairs((t.Z != 0)[_live(t.Z)])]})
     return rows
 
 
 @check(
     "sae.absorption_vs_width",
-    "Parent/child toy: absorption in trained relu SAEs against width",
+    "Parent/child toy with b fixed at 0: absorption in trained relu SAEs, against the reference learner",
     "docs/theory.md §5.2, §3 S4, §8 Q3",
-    predicted="Parent/child toy (λ = 0.1), relu SAEs of widths 2, 3, 4, 6: at width 3 absorption is non-zero — "
-    "the parent latent is off on a larger share of child points than of parent-only points (encoder codes), or a "
-    "child latent has decoder cosine > 0.1 with the parent latent. Other widths and the trend are measured.",
+    predicted=f"Parent/child toy (λ = 0.1, b = 0 as in §5.2), relu SAEs of widths {list(ABSORPTION_WIDTHS)} trained "
+    "with b_dec FROZEN at 0: at width 3 the encoder codes absorb — the parent latent is off on a larger share of "
+    f"child points than of parent-only points, or a child atom has cosine > {ABSORPTION_TILT} with the parent atom — "
+    "as the reference learner polished from the trained decoder does. Other widths are measured.",
     quick=False,
     kind="replication",
     source=f"{THEORY_PAPER}: absorption in hierarchies appears in trained SAEs; docs/theory.md §5.2",
-    regime="parent/child toy, relu SAEs of widths 2–6, SGD training (Adam)",
+    regime=f"parent/child toy (N = 120, D = 3), relu SAEs of widths {list(ABSORPTION_WIDTHS)} with b_dec frozen at 0, "
+    f"Adam ({ABSORPTION_STEPS} full-batch steps, float64); the paper's claim concerns LLM SAEs",
 )
 def sae_absorption_vs_width(ctx: CheckContext) -> Outcome:
     rows = absorption_rows(ctx)
-    by_width = {r["width"]: r for r in rows}
-    r3 = by_width[3]
-    tilts = [c for c in r3.get("child_parent_cosines", []) if c is not None]
-    for r in rows:
-        if "parent_off_on_child_points_encoder" in r:
-            r["parent_off_excess_child_minus_parent_only"] = (r["parent_off_on_child_points_encoder"]
-                                                              - r["parent_off_on_parent_only_points_encoder"])
-    # Absorption is the parent switching off *because* a child is present: the off-rate on child points in
-    # excess of its off-rate on parent-only points (the learned bias alone switches it off on both).
-    excess3 = r3.get("parent_off_excess_child_minus_parent_only", 0.0)
-    absorbed3 = excess3 > 0 or (bool(tilts) and max(tilts) > 0.1)
-    summary = {w: {"parent_off_on_child_points_encoder": r.get("parent_off_on_child_points_encoder"),
-                   "parent_off_on_parent_only_points_encoder": r.get("parent_off_on_parent_only_points_encoder"),
-                   "parent_off_excess_child_minus_parent_only": r.get("parent_off_excess_child_minus_parent_only"),
-                   "b_dec_parent_coordinate": float(r["b_dec"][0]),
-                   "parent_off_on_child_points_exact": r.get("parent_off_on_child_points_exact"),
-                   "child_parent_cosines": r.get("child_parent_cosines"), "n_live": r["n_live"],
-                   "nested_pairs_exact": r["nested_pairs_exact"], "objective_encoder": r["objective_encoder"]}
-               for w, r in by_width.items()}
-    trend = "; ".join(
-        f"width {w}: parent off on {100 * (s['parent_off_on_child_points_encoder'] or 0):.0f}% of child points "
-        f"(exact codes {100 * (s['parent_off_on_child_points_exact'] or 0):.0f}%; on parent-only points "
-        f"{100 * (s['parent_off_on_parent_only_points_encoder'] or 0):.0f}%), b_dec₁ = {s['b_dec_parent_coordinate']:.2f}, "
-        "child–parent cos "
-        f"{[None if c is None else round(c, 3) for c in (s['child_parent_cosines'] or [])]}, {s['n_live']} live, "
-        f"nested (exact) {s['nested_pairs_exact']}, O_enc {s['objective_encoder']:.4f}"
-        for w, s in summary.items())
-    finding = ("Trend: " + trend + ("." if absorbed3 else ". Width 3 shows NO absorption, contrary to the prediction.")
-               + " Caveat: the SAE learns b_dec (the toy fixes b = 0), and the always-on parent moves into the bias "
-               "(b_dec₁ ≈ the parent's median amplitude), so the parent latent is off on a similar share of parent-only "
-               "points; the child-specific part of 'parent off' is the excess over the parent-only rate (reported), "
-               "and child tilts below 0.1 mean the §5.2 tilt form of absorption is not seen.")
-    return Outcome(
-        measured={"width_3_absorbed": absorbed3, "per_width": summary},
-        tolerance={"tilt_cos": 0.1, "parent_off_excess": 0.0},
+    r3 = next(r for r in rows if r["width"] == 3)
+    toy = make_toy("parent_child", seed=ctx.seed)
+    X, lam, labels = toy.X, toy.lam, toy.ground_truth["labels"]
+    W_true, Z_true = toy.ground_truth["W_true"], toy.ground_truth["Z_true"]
+    gt = absorption_measures(W_true, exact_codes(W_true, X, np.zeros(3), lam).Z, labels)
+    spec_opt = fit_reference(X, lam, W0=W_true, Z0=np.maximum(Z_true - lam, 0.0), b0=np.zeros(3), learn_bias=False)
+    rel = (r3["objective_encoder"] - spec_opt.objective) / spec_opt.objective
+    controls = [
+        Control("the reference learner absorbs from the trained decoder", "positive",
+                "the reference learner (b = 0) polished from the width-3 decoder absorbs by the same measures",
+                _absorption_words(r3["reference_polished"]), r3["reference_polished"]["absorbed"]),
+        Control("no absorption at the ground truth", "negative", "the ground-truth dictionary I₃ with its exact codes "
+                "(parent on every point, no tilt) is reported as not absorbing", _absorption_words(gt),
+                not gt["absorbed"]),
+        Control("b = 0 and a near-optimal width-3 SAE", "precondition",
+                f"b_dec stays 0, and the width-3 encoder objective is within {ABSORPTION_MARGIN:.0%} of the §5.2 "
+                "stationary point (reference learner from the ground truth)",
+                f"‖b_dec‖ = {r3['b_dec_norm']:.3g}; encoder {r3['objective_encoder']:.5f} vs reference "
+                f"{spec_opt.objective:.5f} (+{100 * rel:.2f}%)", r3["b_dec_norm"] == 0.0 and rel <= ABSORPTION_MARGIN),
+    ]
+    trend = "; ".join(f"width {r['width']}: encoder {_absorption_words(r['encoder'])}, O_enc "
+                      f"{r['objective_encoder']:.4f}, reference polished {r['objective_reference_polished']:.4f} "
+                      f"({_absorption_words(r['reference_polished'])})" for r in rows)
+    return Outcome.for_replication(
+        claim_holds=r3["encoder"]["absorbed"], controls=controls,
+        measured={"width_3_absorbed": r3["encoder"]["absorbed"], "spec_optimum_objective": spec_opt.objective,
+                  "per_width": {str(r["width"]): {"encoder": r["encoder"], "exact": r["exact"],
+                                                  "reference_polished": r["reference_polished"],
+                                                  "objective_encoder": r["objective_encoder"],
+                                                  "objective_reference_polished": r["objective_reference_polished"]}
+                                for r in rows}},
+        tolerance={"tilt_cos": ABSORPTION_TILT, "parent_off_excess": 0.0, "objective_margin": ABSORPTION_MARGIN},
         tolerance_reason="The spec's robust assertion (§5.2): at least one absorption measure non-zero; a tilt is "
         "measured against 0.1 (the reference optimum has 0.61–0.63); the parent-off measure counts only the excess "
-        "over parent-only points, since a learned bias switches the parent off on both alike.",
-        passed=absorbed3, finding=finding,
-        details={"rows": rows, "training": {"steps": 2000, "batch_size": 120, "lr": _LR, "lam": 0.1,
-                                            "b_dec_init": "zero (the toy's b = 0; b_dec is still learned)"}},
+        "over parent-only points. 5%: the §5.2 optimum (0.36 per point) sits 3% above the wide-limit bound, so a "
+        "width-3 SAE within 5% of it is near a narrow optimum.",
+        finding="Trend: " + trend + ".", details={"rows": rows, "training": {
+            "steps": ABSORPTION_STEPS, "batch_size": 120, "lr": _LR, "lam": 0.1, "b_dec_init": "zero",
+            "freeze_b_dec": True}},
     )
+
+
+def _absorption_words(m: dict[str, Any]) -> str:
+    if not m.get("n_live"):
+        return "no live latent"
+    return (f"parent off on {100 * m['parent_off_on_child_points']:.0f}% of child points vs "
+            f"{100 * m['parent_off_on_parent_only_points']:.0f}% of parent-only points, child–parent cosines "
+            f"{[round(c, 3) for c in m['child_parent_cosines']]}, absorbed {m['absorbed']}")
 
 
 # --------------------------------------------------------------------------------------------------

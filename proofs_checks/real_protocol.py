@@ -91,15 +91,16 @@ def real_data() -> RealData:
                     token_counts=np.load(counts), manifest=store.manifest)
 
 
-def train_real(out_dir: Path, seed: int, name: str, arch: str, options: dict[str, Any], **config: Any) -> TrainResult:
-    """Train a float32 ``arch`` model of width :data:`D_SAE` (init and batch seed ``seed``) on the cached
-    training rows into ``out_dir/real_models/<name>-<settings hash>`` (resumable)."""
+def train_real(out_dir: Path, seed: int, name: str, arch: str, options: dict[str, Any], *, d_sae: int = D_SAE,
+               **config: Any) -> TrainResult:
+    """Train a float32 ``arch`` model of width ``d_sae`` (default :data:`D_SAE`; init and batch seed ``seed``) on
+    the cached training rows into ``out_dir/real_models/<name>-<settings hash>`` (resumable)."""
     data = real_data()
     settings = {"steps": STEPS, "batch_size": BATCH, "seed": seed, "device": "cpu", "checkpoint_every": 0,
                 "log_every": 100, "keep_checkpoints": 1, **config}
-    key = hashlib.sha256(json.dumps({"arch": arch, "d_sae": D_SAE, "options": options, **settings}, sort_keys=True,
+    key = hashlib.sha256(json.dumps({"arch": arch, "d_sae": d_sae, "options": options, **settings}, sort_keys=True,
                                     default=str).encode()).hexdigest()[:10]
-    model = build_model(arch, data.X_train.shape[1], D_SAE, options, seed=seed, dtype=torch.float32)
+    model = build_model(arch, data.X_train.shape[1], d_sae, options, seed=seed, dtype=torch.float32)
     with torch_threads(1):  # a shared 2-core machine: one intra-op thread per check
         return train(model, data.X_train, TrainConfig(**settings), out_dir / "real_models" / f"{name}-{key}",
                      resume=True, progress=False)

@@ -143,7 +143,8 @@ def pair_summary(W: np.ndarray, Z: np.ndarray) -> dict[str, Any]:
             "firing_fraction": [round(float(f), 4) for f in firing]}
 
 
-def _dense_toy(ctx: CheckContext, p: float, lam: float):
+def dense_scalar_toy(ctx: CheckContext, p: float, lam: float):
+    """The dense-scalar toy of sae.antipodal_threshold in D = 2 (docs/theory.md §5.1) at activity p."""
     return make_toy("dense_scalar", seed=ctx.seed, amplitude="uniform", p=float(p), N=ANTIPODAL_N, D=2,
                     u=ANTIPODAL_U, amp_range=ANTIPODAL_AMPS, lam=lam)
 
@@ -174,7 +175,7 @@ def antipodal_table(ctx: CheckContext, p_grid: tuple[float, ...], archs: tuple[s
     rows = []
     for arch in archs:
         for p in p_grid:
-            toy = _dense_toy(ctx, p, ANTIPODAL_LAM)
+            toy = dense_scalar_toy(ctx, p, ANTIPODAL_LAM)
             t = _train(toy.X, arch, ANTIPODAL_D_SAE, seed=ctx.seed, steps=steps, lam=toy.lam)
             objective, reference = _objective(arch, t.W, t.Z, t.b, toy.X, toy.lam), _reference(arch, toy)
             rows.append({"arch": arch, "p": float(p), "p_hat": toy.ground_truth["p_hat"],
@@ -195,7 +196,7 @@ def _flip_summary(W: np.ndarray, Z: np.ndarray, b: np.ndarray, toy) -> dict[str,
 
 def _l1_optimum_summary(ctx: CheckContext, p: float) -> dict[str, Any]:
     """:func:`pair_summary` of the exact wide-limit (L1) optimum of the toy: ray atoms, exact codes (§4.2–§4.4)."""
-    toy = _dense_toy(ctx, p, ANTIPODAL_LAM)
+    toy = dense_scalar_toy(ctx, p, ANTIPODAL_LAM)
     sol = solve_wide_limit(toy.X, toy.lam)
     Z = exact_codes(sol.rays.atoms, toy.X, sol.b, toy.lam).Z
     return {**pair_summary(sol.rays.atoms, Z), **_flip_summary(sol.rays.atoms, Z, sol.b, toy)}
@@ -204,7 +205,7 @@ def _l1_optimum_summary(ctx: CheckContext, p: float) -> dict[str, Any]:
 def _l0_optimum_summary(ctx: CheckContext, p: float) -> dict[str, Any]:
     """The same measurements on the exact L0 optimum of the toy (§5.5): atoms ±u, bias b*·u, exact L0 codes
     (code |r| on the atom of r's sign when r² > c)."""
-    toy = _dense_toy(ctx, p, ANTIPODAL_LAM)
+    toy = dense_scalar_toy(ctx, p, ANTIPODAL_LAM)
     u, s, c = toy.ground_truth["u"], toy.ground_truth["s"], toy.lam
     best = l0_optimum(s, c).best
     r = s - best.b
@@ -217,7 +218,7 @@ def _l0_optimum_summary(ctx: CheckContext, p: float) -> dict[str, Any]:
 def _duplicated_line_summary(ctx: CheckContext, p: float) -> dict[str, Any]:
     """A duplicated line (the audit's abs case): atoms u and −u sharing the signed codes of the L1 optimum's
     residual along u, half each: cosine −1, Jaccard 1. :func:`pair_summary` must not count it."""
-    toy = _dense_toy(ctx, p, ANTIPODAL_LAM)
+    toy = dense_scalar_toy(ctx, p, ANTIPODAL_LAM)
     u, s = toy.ground_truth["u"], toy.ground_truth["s"]
     r = s - float(solve_wide_limit(toy.X, toy.lam).b @ u)
     code = np.where(np.abs(r) > toy.lam, r, 0.0) / 2

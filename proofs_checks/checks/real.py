@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.training import TrainResult
-from dictcheck.proofs_checks.checks.sae import ANTIPODAL_LAM, dense_scalar_toy
+from dictcheck.proofs_checks.checks.sae import ANTIPODAL_LAM, PAIR_JACCARD, dense_scalar_toy
 from dictcheck.proofs_checks.real_protocol import BATCH, D_SAE, LAYER, STEPS, RealData, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, antipodal_pairs, sae_report
@@ -41,7 +41,6 @@ LOG_EVERY = 25
 #: 100% of training.
 SMOOTH_STEPS = 100
 FLAT_REL = 0.01
-PAIR_JACCARD = 0.1
 #: real.stationarity: tokens of the training rows polished (20% of them held out), and the sweep cap.
 POLISH_TOKENS = 3200
 POLISH_ITERS = 40

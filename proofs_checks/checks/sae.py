@@ -32,7 +32,7 @@ from dictcheck.solvers.polish import exact_code_objective, polish_dictionary
 from dictcheck.solvers.reference_learner import fit_reference
 from dictcheck.solvers.wide_limit import solve_wide_limit
 from dictcheck.theory.dense_scalar import l0_uniform_threshold
-from dictcheck.theory.diagnostics import dictionary_diagnostics, most_antipodal_pair, nested_pairs
+from dictcheck.theory.diagnostics import most_antipodal_pair, nested_pairs
 from dictcheck.theory.objective import sae_objective
 
 #: Fixed training settings (chosen once, not tuned): Adam with the loop's warm-up/decay schedule,
@@ -472,7 +472,7 @@ def sae_wide_limit(ctx: CheckContext) -> Outcome:
         Control("a decoder at the optimum is recognised", "positive",
                 f"the trained decoders polished (exact codes, block coordinate descent) are within {WIDE_REL_TOL:.0%} "
                 "of the bound on the vertex data, and bound ≤ exact-code objective ≤ encoder objective everywhere",
-                "; ".join(f"{r['data']}: polished +{100 * r['rel_excess_polished']:.3g}%, {r['huber_bound']:.5f} ≤ "
+                "; ".join(f"{r['data']}: polished {100 * r['rel_excess_polished']:+.3g}%, {r['huber_bound']:.5f} ≤ "
                           f"{r['objective_exact']:.5f} ≤ {r['objective_encoder']:.5f}" for r in rows.values()),
                 all(r["rel_excess_polished"] <= WIDE_REL_TOL for r in vertex_rows)
                 and all(r["huber_bound"] <= r["objective_exact"] + 1e-9 and r["objective_exact"]
@@ -482,8 +482,8 @@ def sae_wide_limit(ctx: CheckContext) -> Outcome:
     if not polished_ok:
         failed.append(f"interior: polished decoder +{100 * inner['rel_excess_polished']:.2f}% above the bound")
     finding = None if not failed else "Misses: " + "; ".join(failed) + ". " + "; ".join(
-        f"{r['data']}: encoder +{100 * r['rel_excess_encoder']:.2f}%, exact +{100 * r['rel_excess_exact']:.2f}%, "
-        f"polished +{100 * r['rel_excess_polished']:.2f}%, min ray cosine {r['min_best_ray_cosine']}, "
+        f"{r['data']}: encoder {100 * r['rel_excess_encoder']:+.2f}%, exact {100 * r['rel_excess_exact']:+.2f}%, "
+        f"polished {100 * r['rel_excess_polished']:+.2g}%, min ray cosine {r['min_best_ray_cosine']:.4f}, "
         f"‖b − b*‖ = {r['bias_distance_to_huber_median']:.4f}" for r in rows.values()) + "."
     return Outcome.for_replication(
         claim_holds=claim, controls=controls,

@@ -49,15 +49,16 @@ def dense_scalar_optimum(p: float, a: float, lam: float) -> DenseScalarOptimum:
 L0_ATOM_SETS = ("none", "+u", "-u", "+u,-u")
 
 
-def l0_point_costs(s: np.ndarray, b: float, c: float, atoms: str) -> np.ndarray:
+def l0_point_costs(s: np.ndarray, b: float | np.ndarray, c: float, atoms: str) -> np.ndarray:
     """Cost of each point of the 1-D L0 objective at bias b with exact codes (docs/theory.md §5.5).
 
     A point s_i with residual r = s_i − b costs min(r², c) when an atom of r's sign is present (code |r|,
-    price c), else r². ``atoms`` is one of :data:`L0_ATOM_SETS`.
+    price c), else r². ``atoms`` is one of :data:`L0_ATOM_SETS`. ``s`` and ``b`` broadcast (e.g. s (1, N)
+    against a grid of biases (G, 1)).
     """
     if atoms not in L0_ATOM_SETS:
         raise ValueError(f"atoms must be one of {L0_ATOM_SETS}, got {atoms!r}")
-    r = np.asarray(s, dtype=np.float64) - float(b)
+    r = np.asarray(s, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     can_buy = np.zeros(r.shape, dtype=bool)
     if "+u" in atoms:
         can_buy |= r > 0

@@ -18,7 +18,9 @@ The three variants (spec §3):
   z_g = γW_gᵀx̃ with one global γ = exp(log_gamma), z = Π_k(z), x̂ = γΣ_{top-k} W_gW_gᵀx̃ + b_dec.
   Loss = MSE.
 * ``bsf-grouplasso``: encoder as Vanilla. ``gate="shrink"`` (the paper's version, default):
-  z = sh_θ(a) with one global θ = exp(log_theta) (θ₀ = 1), loss = MSE + c_gl·mean_i Σ_g‖z_ig‖.
+  z = sh_θ(a) with one global θ = exp(log_theta) (θ₀ = 1), loss = MSE + c_gl·mean_i Σ_g‖z_ig‖
+  (``penalty="code"``, the paper's) or MSE + c_gl·mean_i Σ_g‖W_g z_ig‖ (``penalty="contribution"``, a
+  dictcheck option: docs/bsf.md §3.3 Decision).
   ``gate="ste"`` (post-paper option, spec §2 "Block gate with STE"): z_g = a_g·H(‖a_g‖ − θ_g),
   θ_g = softplus(10·theta_raw_g), loss = MSE + c_gl·mean_i #{active blocks}, no shrinkage; the step
   H passes no gradient to ‖a_g‖ and a rectangle kernel of width w gives ∂H/∂θ_g = −(1/w)·1[|‖a_g‖ −
@@ -85,14 +87,14 @@ class BlockSparseFeaturizer(Featurizer):
 
     def __init__(self, arch: str, d_in: int, d_sae: int, *, k: int | None, block_size: int, denoise: float,
                  c_gl: float | None = None, gate: str | None = None, k_target: int | None = None,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 penalty: str | None = None, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.arch, self.d_in, self.d_sae = arch, int(d_in), int(d_sae)
         self.q = int(block_size)
         self.n_b = self.d_sae // self.q
         self.k = k
         self.denoise = float(denoise)
-        self.c_gl, self.gate, self.k_target = c_gl, gate, k_target
+        self.c_gl, self.gate, self.k_target, self.penalty = c_gl, gate, k_target, penalty
         D, Z = self.d_in, self.d_sae
         self.register_buffer("b_dec", torch.zeros(D, dtype=dtype))
         if arch == "bsf-grassmann":
@@ -197,7 +199,7 @@ class BlockSparseFeaturizer(Featurizer):
         if self.arch != "bsf-grouplasso":
             sparsity = zero
         elif h is None:
-            sparsity = self.c_gl * z.norm(dim=-1).sum(-1).mean()
+            sparsity = self.c_gl * self._penalised_norms(z, W).sum(-1).mean()
         else:
             sparsity = self.c_gl * h.sum(-1).mean()
         codes = z.reshape(x.shape[0], self.d_sae)
@@ -205,6 +207,15 @@ class BlockSparseFeaturizer(Featurizer):
         return FeaturizerOutput(x_hat=x_hat, codes=codes, loss=mse + sparsity, mse=mse, sparsity_loss=sparsity,
                                 aux_loss=zero, l0=(codes != 0).sum(-1).to(x.dtype).mean(),
                                 extra={"block_l0": block_l0})
+
+    def _penalised_norms(self, z: Tensor, W: Tensor) -> Tensor:
+        """(B, n_b) norms the shrink gate's ℓ₂,₁ penalty sums: ‖z_g‖ (penalty "code") or the contribution
+        ‖W_g z_g‖ = √(z_gᵀ W_gᵀW_g z_g) (penalty "contribution"; exactly 0 for an inactive block, z_g = 0,
+        whose gradient is then 0 instead of 0/0: the square is clamped below at NORM_CLAMP² inside the root)."""
+        if self.penalty != "contribution":
+            return z.norm(dim=-1)
+        sq = torch.einsum("bgq,gqr,bgr->bg", z, torch.einsum("gdq,gdr->gqr", W, W), z)
+        return torch.where(sq > 0, sq.clamp_min(NORM_CLAMP**2).sqrt(), torch.zeros_like(sq))
 
     # ------------------------------------------------------------------ training hooks
     @torch.no_grad()
@@ -273,7 +284,7 @@ class BlockSparseFeaturizer(Featurizer):
         """The architecture options this model was built with (as :class:`dictcheck.empirics.architectures.bsf.BsfOptions` resolves them)."""
         opts: dict[str, Any] = {"block_size": self.q, "denoise": self.denoise}
         if self.arch == "bsf-grouplasso":
-            opts.update(c_gl=self.c_gl, gate=self.gate)
+            opts.update(c_gl=self.c_gl, gate=self.gate, penalty=self.penalty)
             if self.gate == "ste":
                 opts["k_target"] = self.k_target
         return opts

@@ -79,7 +79,7 @@ def _adam_steps(model: BlockSparseFeaturizer, x: torch.Tensor, steps: int, after
 def test_options_fill_defaults():
     assert resolve_options("bsf-vanilla", 8, {"k": 2, "block_size": 2}) == {"block_size": 2, "denoise": 0.1, "k": 2}
     assert resolve_options("bsf-grouplasso", 8, {"block_size": 4}) == {
-        "block_size": 4, "denoise": 0.1, "c_gl": 1e-2, "gate": "shrink", "k_target": None}
+        "block_size": 4, "denoise": 0.1, "c_gl": 1e-2, "gate": "shrink", "k_target": None, "penalty": "code"}
     assert resolve_options("bsf-grouplasso", 32, {"block_size": 2, "gate": "ste"})["k_target"] == 16
     assert resolve_options("bsf-grassmann", 8, {"k": 1, "block_size": 8, "denoise": 0}) == {
         "block_size": 8, "denoise": 0.0, "k": 1}

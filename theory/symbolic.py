@@ -74,3 +74,25 @@ def analytic_nonnegative_circle_r2() -> sp.Rational:
     """
     a = sp.symbols("a", real=True)
     return sp.nsimplify(sp.integrate(sp.cos(a) ** 2, (a, -sp.pi / 2, sp.pi / 2)) / (2 * sp.pi))
+
+
+def analytic_l21_unit_costs(kind: str) -> tuple[sp.Expr, sp.Expr]:
+    """Exact ℓ₂,₁ code cost per sample of a unit-norm manifold point (docs/bsf.md §3.3, the group-lasso mechanism):
+    ``(one isotropic block, split over rank-1 blocks)`` for the uniform circle, S² and Clifford torus of §5.
+
+    A unit-Frobenius block of rank r that acts isotropically on the manifold's span is W = U/√r (UᵀU = I_r),
+    so its contribution c = Wz needs ‖z‖ = √r‖c‖: one block costs √n_j per sample (‖m‖ = 1). Splitting the
+    manifold over n_j unit rank-1 blocks along its orthonormal axes costs Σ_a |φ_a|, whose mean is computed
+    here by sympy integration: 4/π (circle, against √2), 3/2 (S², against √3), 4√2/π (torus, against 2).
+    """
+    a, b = sp.symbols("a b", real=True)
+    if kind == "circle":  # E(|cos a| + |sin a|) = 2·E|cos a|, and |cos a| is cos a on two half-periods
+        split = 2 * 2 * sp.integrate(sp.cos(a), (a, -sp.pi / 2, sp.pi / 2)) / (2 * sp.pi)
+        return sp.sqrt(2), sp.nsimplify(split)
+    if kind == "sphere":  # E(|x|+|y|+|z|) = 3·E|cos a| over the polar angle (area element sin a)
+        split = 3 * 2 * sp.integrate(sp.cos(a) * sp.sin(a), (a, 0, sp.pi / 2)) * 2 * sp.pi / (4 * sp.pi)
+        return sp.sqrt(3), sp.nsimplify(split)
+    if kind == "torus":  # φ = (cos a, sin a, cos b, sin b)/√2: two circles of radius 1/√2
+        circle = analytic_l21_unit_costs("circle")[1]
+        return sp.Integer(2), sp.simplify(2 * circle / sp.sqrt(2))
+    raise ValueError(f"kind must be 'circle', 'sphere' or 'torus', got {kind!r}")

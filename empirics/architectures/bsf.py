@@ -21,10 +21,13 @@ from dictcheck.empirics.architectures.base import (
 from dictcheck.empirics.bsf_models import init_bsf
 from dictcheck.empirics.featurizer import Featurizer
 
-__all__ = ["GATES", "BsfOptions", "BsfTopKOptions", "GroupLassoOptions", "BlockSparse", "Vanilla", "Grassmann",
+__all__ = ["GATES", "PENALTIES", "BsfOptions", "BsfTopKOptions", "GroupLassoOptions", "BlockSparse", "Vanilla", "Grassmann",
            "GroupLasso"]
 
 GATES = ("shrink", "ste")
+#: Where the sh_θ gate's ℓ₂,₁ penalty sits: on the codes ‖z_g‖ (the paper's) or on the contributions
+#: ‖W_g z_g‖ (a dictcheck option, docs/bsf.md §3.3 Decision "contribution penalty").
+PENALTIES = ("code", "contribution")
 DEFAULT_DENOISE = 0.1  # docs/bsf.md §4: snr 0.1
 DEFAULT_C_GL = 1e-2  # docs/bsf.md §3.3
 DEFAULT_K_TARGET = 16  # docs/bsf.md §3.3 (STE gate)
@@ -74,16 +77,22 @@ class GroupLassoOptions(BsfOptions):
     gate: str = option("shrink", type=str, choices=GATES, help="bsf-grouplasso gate (default shrink, the paper's)")
     k_target: int | None = option(None, type=int, help="target active blocks of the STE gate's cold start "
                                   "(bsf-grouplasso --gate ste, default 16)")
+    penalty: str = option("code", type=str, choices=PENALTIES, help="bsf-grouplasso shrink gate: ℓ₂,₁ on the codes "
+                          "‖z_g‖ (default, the paper's) or on the contributions ‖W_g z_g‖ (docs/bsf.md §3.3)")
 
     def resolved(self, arch: str, d_sae: int) -> GroupLassoOptions:
         base = BsfOptions.resolved(self, arch, d_sae)
         if self.gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
+        if self.penalty not in PENALTIES:
+            raise ValueError(f"penalty must be one of {PENALTIES}, got {self.penalty!r}")
         out = replace(self, block_size=base.block_size, denoise=base.denoise, c_gl=require_real("c_gl", self.c_gl))
         if self.gate == "shrink":
             if self.k_target is not None:
                 raise ValueError("option k_target applies only to gate='ste'")
             return out
+        if self.penalty != "code":
+            raise ValueError("option penalty='contribution' applies only to gate='shrink'")
         n_b = d_sae // base.block_size
         k_target = require_int("k_target", DEFAULT_K_TARGET if self.k_target is None else self.k_target, 1)
         if k_target > n_b:
@@ -158,7 +167,8 @@ class Grassmann(BlockSparse):
 
 @register
 class GroupLasso(BlockSparse):
-    """sh_θ gate with the ℓ₂,₁ penalty (or the STE gate with a block-count penalty)."""
+    """sh_θ gate with the ℓ₂,₁ penalty on the codes (or, as an option, on the contributions), or the STE gate
+    with a block-count penalty."""
 
     name = "bsf-grouplasso"
     saved_name = "dictcheck/bsf-grouplasso"

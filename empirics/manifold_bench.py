@@ -47,12 +47,21 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.manifold_metrics import default_precisions, mdl_bits, orthonormal_codes, recovery, sae_blocks
-from dictcheck.empirics.manifold_toy import ManifoldBenchmark, ManifoldConfig, make_manifold_benchmark
+from dictcheck.empirics.manifold_metrics import (
+    contribution_stable_ranks,
+    default_precisions,
+    mdl_bits,
+    orthonormal_codes,
+    recovery,
+    sae_blocks,
+)
+from dictcheck.empirics.manifold_toy import ManifoldBenchmark, ManifoldConfig, ManifoldSplit, make_manifold_benchmark
 from dictcheck.empirics.training import TrainConfig, best_of_runs, torch_threads, train
 
 __all__ = ["BenchSettings", "DEFAULT", "QUICK", "MDL_BLOCK_SIZES", "Prepared", "TrainedBlocks", "prepare",
-           "train_blocks", "train_best", "ModelCache", "recovery_table", "mdl_row", "mdl_sweep", "run_benchmark"]
+           "train_blocks", "train_best", "ModelCache", "recovery_table", "mdl_row", "mdl_sweep", "run_benchmark",
+           "oracle_blocks", "single_atom_ceilings", "atom_set_r2", "sae_readings", "elbow_k", "L0Match",
+           "match_block_l0", "block_mechanism", "principal_codes", "reparametrise", "rate_at_distortion"]
 
 MDL_BLOCK_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
 
@@ -215,14 +224,20 @@ def recovery_table(bench: ManifoldBenchmark, cache: ModelCache,
 
 def mdl_row(bench: ManifoldBenchmark, t: TrainedBlocks, q: int, k: int) -> dict[str, Any]:
     """MDL (spec §7) of a trained model's own codes z (Frobenius dof), the same with the codes in
-    orthonormal block frames (``*_orthonormal_codes``, an alternative), and its mean best-block recovery R²."""
+    orthonormal block frames (``*_orthonormal_codes``, an alternative), the same in each block's principal
+    frame (``*_invariant``: invariant to the block's parametrisation, :func:`principal_codes`), and its
+    mean best-block recovery R²."""
     precisions = default_precisions(bench.eval.X)
     r = mdl_bits(bench.eval.X, t.X_hat, t.Z, dof_kind="frobenius", k=k, precisions=precisions)
     r_ortho = mdl_bits(bench.eval.X, t.X_hat, orthonormal_codes(t.Z, t.W)[0], dof_kind="frobenius", k=k,
                        precisions=precisions)
+    r_inv = mdl_bits(bench.eval.X, t.X_hat, principal_codes(t.Z, t.W), dof_kind="frobenius", k=k,
+                     precisions=precisions)
     d = r.as_dict()
     d["total_orthonormal_codes"] = r_ortho.total
     d["L_code_orthonormal_codes"] = r_ortho.L_code
+    d["total_invariant"] = r_inv.total
+    d["L_code_invariant"] = r_inv.L_code
     d["recovery_mean_best"] = recovery(bench.eval, bench.types, t.Z, t.W).summary()["mean_best"]
     return {"q": q, "k": k, **d}
 
@@ -253,3 +268,177 @@ def run_benchmark(s: BenchSettings, seed: int, log: Any = None) -> dict[str, Any
                 "steps": s.steps, "batch_size": s.batch_size, "lr": s.lr, "q": s.q,
                 "prep_scale": prep.scale}
     return {"settings": settings, "recovery": rows, "mdl": mdl}
+
+
+# ------------------------------------------------------------------------------------------------ issue 16:
+# references, readings and protocols of the replications (docs/bsf.md §6, §7, §3.3)
+
+
+def oracle_blocks(split: ManifoldSplit, q: int) -> tuple[np.ndarray, np.ndarray]:
+    """The planted model as blocks (a positive control of the recovery metric): block j = the frame E_j
+    padded with zero columns to q, code z_ij = E_jᵀx_i on the samples where j is active (oracle support),
+    0 elsewhere. With orthogonal frames c_ij = m_ij + E_jE_jᵀε_i, so R² ≈ 1 − n_jσ²/Var(m_j).
+    ValueError when a manifold is wider than q."""
+    dims = np.diff(split.offsets)
+    if int(dims.max()) > q:
+        raise ValueError(f"oracle blocks need q >= the widest manifold ({int(dims.max())}), got q = {q}")
+    W = np.zeros((split.n_m, split.X.shape[1], q))
+    Z = np.zeros((split.N, split.n_m, q))
+    for j in range(split.n_m):
+        E = split.frame(j)
+        W[j, :, :E.shape[1]] = E
+        Z[:, j, :E.shape[1]] = (split.X @ E) * split.support[:, j:j + 1]
+    return Z, W
+
+
+def _active_contributions(split: ManifoldSplit, j: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of A_j, m_ij on those rows) of manifold j."""
+    on = np.flatnonzero(split.support[:, j])
+    return on, split.contribution(j)[on]
+
+
+def single_atom_ceilings(split: ManifoldSplit) -> np.ndarray:
+    """Per manifold, the exact largest R² (spec §6, over A_j) that ANY one direction w with a free scalar code
+    reaches on this split: min_t Σ‖m_i − t_i w‖² = Σ‖m_i‖² − wᵀMw with M = Σ m_i m_iᵀ, so
+    R²_max = 1 − (Σ‖m_i‖² − λ_max(M))/Σ‖m_i − m̄‖² (≈ 1/n_j for an isotropic manifold; docs/bsf.md §6)."""
+    out = np.empty(split.n_m)
+    for j in range(split.n_m):
+        _, m = _active_contributions(split, j)
+        out[j] = 1.0 - (np.sum(m**2) - np.linalg.eigvalsh(m.T @ m)[-1]) / np.sum((m - m.mean(axis=0)) ** 2)
+    return out
+
+
+def atom_set_r2(m: np.ndarray, C: np.ndarray) -> float:
+    """R² (spec §6) of the summed contribution C (n, D) of a set of atoms against m (n, D) over the same rows."""
+    return float(1.0 - np.sum((m - C) ** 2) / np.sum((m - m.mean(axis=0)) ** 2))
+
+
+def sae_readings(split: ManifoldSplit, Z: np.ndarray, W: np.ndarray) -> dict[str, Any]:
+    """Readings of "recovery R²" for a model with one atom per block (an SAE, q = 1), per manifold and their
+    means (docs/bsf.md §6 "which reading gives the paper's SAE figure"):
+
+    * ``single_atom``: the best single atom (spec §6 headline; at most :func:`single_atom_ceilings`);
+    * ``best_n_atoms``: the best set of n_j atoms (n_j = the manifold's linear dimension), chosen greedily
+      (each step adds the atom that most lowers Σ‖m_ij − Σ_{a∈S} c_ia‖² over A_j);
+    * ``assigned_atoms``: every atom whose decoder direction has most of its energy in span E_j (argmax_j
+      ‖E_jᵀw_a‖²), summed: the SAE's whole representation of manifold j.
+    """
+    if Z.shape[2] != 1:
+        raise ValueError(f"sae_readings needs one atom per block (q = 1), got q = {Z.shape[2]}")
+    A, codes = W[:, :, 0], Z[:, :, 0]  # atoms (n_a, D), codes (N, n_a)
+    owner = np.argmax(np.stack([np.sum((A @ split.frame(j)) ** 2, axis=1) for j in range(split.n_m)]), axis=0)
+    dims = np.diff(split.offsets)
+    single, greedy, assigned = (np.empty(split.n_m) for _ in range(3))
+    sq_atoms = np.sum(A**2, axis=1)
+    for j in range(split.n_m):
+        on, m = _active_contributions(split, j)
+        zj = codes[on]
+        den = np.sum((m - m.mean(axis=0)) ** 2)  # ‖m − z_a w_a‖² expanded, every atom at once
+        err = np.sum(m**2) - 2 * np.sum(zj * (m @ A.T), axis=0) + np.sum(zj**2, axis=0) * sq_atoms
+        single[j] = float(1.0 - err.min() / den)
+        resid = m.copy()
+        for _ in range(int(dims[j])):
+            gain = 2 * np.sum(zj * (resid @ A.T), axis=0) - np.sum(zj**2, axis=0) * sq_atoms
+            a = int(np.argmax(gain))
+            resid -= np.outer(zj[:, a], A[a])
+        greedy[j] = atom_set_r2(m, m - resid)
+        assigned[j] = atom_set_r2(m, zj[:, owner == j] @ A[owner == j])
+    return {name: {"mean": float(v.mean()), "per_manifold": [float(x) for x in v]}
+            for name, v in (("single_atom", single), ("best_n_atoms", greedy), ("assigned_atoms", assigned))}
+
+
+def elbow_k(mse: dict[int, float], mse0: float) -> int:
+    """The elbow rule for the number of active blocks (a stated rule, no oracle): k* = argmax_k MSE(k−1)/MSE(k)
+    over the trained k (consecutive from 1), with MSE(0) = ``mse0`` (the data's mean square, no block active):
+    the k whose block removes the largest fraction of the remaining error. ValueError on a gap in k."""
+    ks = sorted(mse)
+    if not ks or ks != list(range(1, ks[-1] + 1)):
+        raise ValueError(f"elbow_k needs k = 1, 2, ..., K, got {ks}")
+    prev = {k: (mse0 if k == 1 else mse[k - 1]) for k in ks}
+    return max(ks, key=lambda k: prev[k] / max(mse[k], 1e-300))
+
+
+@dataclass(frozen=True)
+class L0Match:
+    """Result of :func:`match_block_l0`: the chosen coefficient, every (c, block L0) tried, and the kept model."""
+
+    c: float
+    trail: list[dict[str, float]]
+    model: TrainedBlocks
+
+
+def match_block_l0(prep: Prepared, arch: str, d_sae: int, options: dict[str, Any], target: float,
+                   s: BenchSettings, seed: int, *, bracket: tuple[float, float], evals: int,
+                   log: Any = None) -> L0Match:
+    """Choose the sparsity coefficient c by matching the training block L0 to ``target`` (never looking at
+    recovery): geometric bisection of ``bracket`` for ``evals`` trainings (model seed ``seed``·R, R =
+    ``s.restarts``; first point the geometric midpoint; block L0 above the target moves c up), keep the c
+    whose L0 is nearest the target in |log L0 − log target| (L0 = 0 is never nearest unless every run died),
+    then train ``s.restarts`` − 1 more model seeds at that c and keep the run of lowest training objective
+    (:func:`train_best`)."""
+    lo, hi = bracket
+    if not 0 < lo < hi or evals < 1:
+        raise ValueError(f"need 0 < bracket[0] < bracket[1] and evals >= 1, got {bracket}, {evals}")
+    trail: list[dict[str, float]] = []
+    for _ in range(evals):
+        c = math.sqrt(lo * hi)
+        t = train_blocks(prep, arch, d_sae, None, {**options, "c_gl": c}, steps=s.steps, batch_size=s.batch_size,
+                         lr=s.lr, seed=seed * s.restarts, log=log)
+        l0 = float(t.metrics["block_l0"])
+        trail.append({"c": c, "block_l0": l0, "train_objective": t.metrics["train_objective"]})
+        lo, hi = (c, hi) if l0 > target else (lo, c)
+    c = min(trail, key=lambda r: abs(math.log(max(r["block_l0"], 1e-9) / target)))["c"]
+    model = train_best(prep, arch, d_sae, None, {**options, "c_gl": c}, s, seed, log)
+    return L0Match(c=c, trail=trail, model=model)
+
+
+def block_mechanism(split: ManifoldSplit, Z: np.ndarray, W: np.ndarray) -> dict[str, float]:
+    """How a trained block model spends its ℓ₂,₁ budget (docs/bsf.md §3.3 mechanism), over live blocks:
+
+    * ``code_per_contribution``: Σ_ig ‖z_ig‖ / Σ_ig ‖W_g z_ig‖ (√r for a rank-r isotropic unit-Frobenius block);
+    * ``blocks_per_manifold``: live blocks per manifold, each block assigned to argmax_j ‖E_jᵀW_g‖_F²;
+    * ``contribution_stable_rank``: mean stable rank of the live blocks' centred contribution clouds (spec §8).
+    """
+    live = np.flatnonzero(np.any(Z != 0, axis=(0, 2)))
+    if live.size == 0:
+        return {"code_per_contribution": math.nan, "blocks_per_manifold": 0.0, "contribution_stable_rank": math.nan,
+                "live_blocks": 0}
+    C_norm = np.linalg.norm(np.einsum("igq,gdq->igd", Z[:, live], W[live]), axis=2)
+    owner = np.argmax(np.stack([np.sum(np.einsum("dq,gde->gqe", split.frame(j), W[live]) ** 2, axis=(1, 2))
+                                for j in range(split.n_m)]), axis=0)
+    ranks = [r for r in contribution_stable_ranks(Z[:, live], W[live]) if r is not None]
+    return {"code_per_contribution": float(np.linalg.norm(Z[:, live], axis=2).sum() / C_norm.sum()),
+            "blocks_per_manifold": float(np.bincount(owner, minlength=split.n_m).mean()),
+            "contribution_stable_rank": float(np.mean(ranks)) if ranks else math.nan, "live_blocks": int(live.size)}
+
+
+def principal_codes(Z: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Codes in each block's principal frame (docs/bsf.md §7 Decision "invariant code length"): with the
+    orthonormal codes z' = R_g z of :func:`orthonormal_codes`, rotate by the right singular vectors V_g of the
+    block's code matrix Z'_g (N, q). The result depends only on the contributions c_ig = W_g z_ig (up to the
+    sign of each axis), so a code length computed from it is the same for every parametrisation
+    (W_g T, T⁻¹z) of the same block."""
+    Zo, _ = orthonormal_codes(Z, W)
+    out = np.empty_like(Zo)
+    for g in range(Zo.shape[1]):
+        _, _, Vt = np.linalg.svd(Zo[:, g, :], full_matrices=False)
+        out[:, g, :] = Zo[:, g, :] @ Vt.T
+    return np.where(np.any(Z != 0, axis=2, keepdims=True), out, 0.0)
+
+
+def reparametrise(Z: np.ndarray, W: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The same model in another parametrisation: W_g T_g and T_g⁻¹ z_g with a random well-conditioned T_g
+    (a rotation times positive scales in [0.5, 2]); every contribution is unchanged."""
+    n_b, _, q = W.shape
+    T = np.stack([np.linalg.qr(rng.normal(size=(q, q)))[0] * rng.uniform(0.5, 2.0, size=q) for _ in range(n_b)])
+    return np.einsum("gab,igb->iga", np.linalg.inv(T), Z), np.einsum("gda,gab->gdb", W, T)
+
+
+def rate_at_distortion(points: list[tuple[float, float]], d: float) -> float | None:
+    """Total bits of a model family at distortion ``d``: linear interpolation in log distortion between the
+    two nearest (distortion, bits) points that bracket d; None when d lies outside the family's range."""
+    pts = sorted(points)
+    for (d0, b0), (d1, b1) in zip(pts, pts[1:]):
+        if d0 <= d <= d1:
+            return b0 if d1 == d0 else b0 + (b1 - b0) * math.log(d / d0) / math.log(d1 / d0)
+    return None

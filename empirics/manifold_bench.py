@@ -32,8 +32,14 @@ Decisions (documented; chosen once, not tuned per result):
   manifold dimension). L_code uses the model's own codes z as spec §7 defines it (z_absmax = max|z|);
   because unit-Frobenius blocks make codes grow like √q, the total with the codes re-expressed in
   orthonormal block frames (:func:`empirics.manifold_metrics.orthonormal_codes`, where δ_z is a length
-  in data units for every q) is reported next to it (``total_orthonormal_codes``). Precisions are the
-  spec defaults and are printed with the table.
+  in data units for every q) is reported next to it (``total_orthonormal_codes``), and so is the total in
+  each block's principal frame (``total_invariant``, :func:`principal_codes`: the same bits for every
+  parametrisation of a block; docs/bsf.md §7). Precisions are the spec defaults and are printed with the
+  table.
+* **Replication helpers** (issue 16; docs/bsf.md §3.3, §6, §7): the oracle blocks and the exact single-atom
+  ceiling (controls of the recovery metric), three readings of an SAE's recovery R², the elbow rule for k,
+  the choice of c_gl by matching block L0, the ℓ₂,₁ mechanism's measurements, and an SAE family's bits at a
+  given distortion.
 """
 
 from __future__ import annotations

@@ -172,14 +172,16 @@ def train_blocks(prep: Prepared, arch: str, d_sae: int, k: int | None, options: 
 
 
 def train_best(prep: Prepared, arch: str, d_sae: int, k: int | None, options: dict[str, Any], s: BenchSettings,
-               seed: int, log: Any = None) -> TrainedBlocks:
+               seed: int, log: Any = None, known: dict[tuple[int, float], TrainedBlocks] | None = None) -> TrainedBlocks:
     """Train one model for every (model seed, lr) of ``s.candidates(seed)`` and keep the run with the
     lowest training objective (first on ties); the choice looks at training data only, never at the
-    evaluation split or at a downstream metric. Every run's objective is in ``metrics["candidates"]``."""
+    evaluation split or at a downstream metric. Every run's objective is in ``metrics["candidates"]``.
+    ``known``: runs already trained with these settings, by candidate (reused, not retrained)."""
+    known = known or {}
     best = best_of_runs(
         s.candidates(seed),
-        lambda c: train_blocks(prep, arch, d_sae, k, options, steps=s.steps, batch_size=s.batch_size, lr=c[1],
-                               seed=c[0], log=log),
+        lambda c: known[c] if c in known else train_blocks(prep, arch, d_sae, k, options, steps=s.steps,
+                                                           batch_size=s.batch_size, lr=c[1], seed=c[0], log=log),
         lambda t: t.metrics["train_objective"])
     candidates = [{"seed": m_seed, "lr": lr, "train_objective": obj}
                   for (m_seed, lr), obj in zip(s.candidates(seed), best.objectives)]
@@ -366,10 +368,12 @@ def elbow_k(mse: dict[int, float], mse0: float) -> int:
 
 @dataclass(frozen=True)
 class L0Match:
-    """Result of :func:`match_block_l0`: the chosen coefficient, every (c, block L0) tried, and the kept model."""
+    """Result of :func:`match_block_l0`: the chosen coefficient, every (c, block L0) tried with its trained model
+    (``runs``, in trail order; for reporting), and the kept model."""
 
     c: float
     trail: list[dict[str, float]]
+    runs: list[TrainedBlocks]
     model: TrainedBlocks
 
 
@@ -380,22 +384,26 @@ def match_block_l0(prep: Prepared, arch: str, d_sae: int, options: dict[str, Any
     recovery): geometric bisection of ``bracket`` for ``evals`` trainings (model seed ``seed``·R, R =
     ``s.restarts``; first point the geometric midpoint; block L0 above the target moves c up), keep the c
     whose L0 is nearest the target in |log L0 − log target| (L0 = 0 is never nearest unless every run died),
-    then train ``s.restarts`` − 1 more model seeds at that c and keep the run of lowest training objective
-    (:func:`train_best`)."""
+    then train ``s.restarts`` − 1 more model seeds at that c (the search run is the first seed) and keep the
+    run of lowest training objective (:func:`train_best`)."""
     lo, hi = bracket
     if not 0 < lo < hi or evals < 1:
         raise ValueError(f"need 0 < bracket[0] < bracket[1] and evals >= 1, got {bracket}, {evals}")
     trail: list[dict[str, float]] = []
+    runs: list[TrainedBlocks] = []
     for _ in range(evals):
         c = math.sqrt(lo * hi)
         t = train_blocks(prep, arch, d_sae, None, {**options, "c_gl": c}, steps=s.steps, batch_size=s.batch_size,
                          lr=s.lr, seed=seed * s.restarts, log=log)
         l0 = float(t.metrics["block_l0"])
         trail.append({"c": c, "block_l0": l0, "train_objective": t.metrics["train_objective"]})
+        runs.append(t)
         lo, hi = (c, hi) if l0 > target else (lo, c)
-    c = min(trail, key=lambda r: abs(math.log(max(r["block_l0"], 1e-9) / target)))["c"]
-    model = train_best(prep, arch, d_sae, None, {**options, "c_gl": c}, s, seed, log)
-    return L0Match(c=c, trail=trail, model=model)
+    i = min(range(evals), key=lambda j: abs(math.log(max(trail[j]["block_l0"], 1e-9) / target)))
+    c = trail[i]["c"]
+    model = train_best(prep, arch, d_sae, None, {**options, "c_gl": c}, s, seed, log,
+                       known={(seed * s.restarts, s.lr): runs[i]})
+    return L0Match(c=c, trail=trail, runs=runs, model=model)
 
 
 def block_mechanism(split: ManifoldSplit, Z: np.ndarray, W: np.ndarray) -> dict[str, float]:
@@ -409,7 +417,8 @@ def block_mechanism(split: ManifoldSplit, Z: np.ndarray, W: np.ndarray) -> dict[
     if live.size == 0:
         return {"code_per_contribution": math.nan, "blocks_per_manifold": 0.0, "contribution_stable_rank": math.nan,
                 "live_blocks": 0}
-    C_norm = np.linalg.norm(np.einsum("igq,gdq->igd", Z[:, live], W[live]), axis=2)
+    gram = np.einsum("gdq,gdr->gqr", W[live], W[live])  # ‖W_g z‖² = zᵀ(W_gᵀW_g)z, without the (N, n_b, D) array
+    C_norm = np.sqrt(np.maximum(np.einsum("igq,gqr,igr->ig", Z[:, live], gram, Z[:, live]), 0.0))
     owner = np.argmax(np.stack([np.sum(np.einsum("dq,gde->gqe", split.frame(j), W[live]) ** 2, axis=(1, 2))
                                 for j in range(split.n_m)]), axis=0)
     ranks = [r for r in contribution_stable_ranks(Z[:, live], W[live]) if r is not None]

@@ -143,22 +143,22 @@ def lifted_pca_floor(rows: np.ndarray, d: int) -> float:
 # ------------------------------------------------------------------------------------------------
 # bilinear.kernel_exact
 
-_PRIOR_CASES = (("bilinear-quadratic", "symmetric"), ("bilinear-quadratic", "asymmetric"),
-                ("bilinear-atomic", "symmetric"), ("bilinear-compound", "symmetric"))
+#: (architecture, decoder, compound atoms): every prior, both GLU decoders, and the compound prior with GLU atoms
+#: (the authors' mixed model, issue 16) under both decoders.
+_PRIOR_CASES = (("bilinear-quadratic", "symmetric", None), ("bilinear-quadratic", "asymmetric", None),
+                ("bilinear-atomic", "symmetric", None), ("bilinear-compound", "symmetric", "rank1"),
+                ("bilinear-compound", "symmetric", "glu"), ("bilinear-compound", "asymmetric", "glu"))
 
 
 def _naive_torch_loss(model: Any, x: torch.Tensor) -> torch.Tensor:
     """The oracle with autograd: forms W_j built explicitly, T̂ = Σ_j z_j W_j formed (N·D² memory)."""
     xn, _ = model.normalise(x)
     U = model.U
-    if model.prior == "quadratic":
-        W = torch.einsum("jd,je->jde", U, model.V)
-        if model.decoder == "symmetric":
-            W = 0.5 * (W + W.transpose(1, 2))
-    else:
-        W = torch.einsum("jd,je->jde", U, U)
-        if model.prior == "compound":
-            W = torch.einsum("kj,jde->kde", model.effective_C(), W)
+    W = torch.einsum("jd,je->jde", U, U if model.V is None else model.V)
+    if model.V is not None and model.decoder == "symmetric":
+        W = 0.5 * (W + W.transpose(1, 2))
+    if model.prior == "compound":
+        W = torch.einsum("kj,jde->kde", model.effective_C(), W)
     z = torch.einsum("nd,jde,ne->nj", xn, W, xn)
     T = torch.einsum("nd,ne->nde", xn, xn)
     return ((T - torch.einsum("nj,jde->nde", z, W)) ** 2).sum() / xn.shape[0]
@@ -173,15 +173,16 @@ def _grads(model: Any, loss: torch.Tensor) -> dict[str, np.ndarray]:
 def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dict[str, Any]]:
     """Seeded random shapes for every prior and decoder; one row of errors per case."""
     rows = []
-    for arch, decoder in _PRIOR_CASES:
+    for arch, decoder, atoms in _PRIOR_CASES:
         for _ in range(per_prior):
             N, D, d = int(rng.integers(2, 13)), int(rng.integers(2, 7)), int(rng.integers(1, 8))
             options: dict[str, Any] = {"hoyer_coef": 0.0, "tile": int(rng.integers(0, d + 1))}
-            if arch == "bilinear-quadratic":
+            if arch != "bilinear-atomic":
                 options["decoder"] = decoder
-            if arch == "bilinear-compound":
+            if arch == "bilinear-compound":  # k_c = n_a (dense C) is drawn too
                 n_a = int(rng.integers(1, 9))
-                options.update(n_atoms=n_a, k_c=int(rng.integers(1, n_a + 1)), tile=int(rng.integers(0, n_a + 1)))
+                options.update(n_atoms=n_a, k_c=int(rng.integers(1, n_a + 1)), tile=int(rng.integers(0, n_a + 1)),
+                               atoms=atoms)
             model = build_model(arch, D, d, options, seed=int(rng.integers(2**31)), dtype=torch.float64)
             with torch.no_grad():  # generic (non-orthogonal) weights
                 for p in model.parameters():
@@ -196,7 +197,7 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
             naive = naive_lifted_loss(Xn, dic.forms())
             closed = lifted_loss_gradients(Xn, dic)
             rows.append({
-                "arch": arch, "decoder": decoder, "N": N, "D": D, "d_sae": d, "options": options,
+                "arch": arch, "decoder": decoder, "atoms": atoms, "N": N, "D": D, "d_sae": d, "options": options,
                 "loss_model_vs_naive": abs(float(out.mse.detach()) - naive) / abs(naive),
                 "loss_theory_kernel_vs_naive": abs(kernel_lifted_loss(Xn, dic, tile=options["tile"]) - naive) / abs(naive),
                 "grad_model_vs_naive": max(_rel_err(g_kernel[n], g_naive[n]) for n in g_naive),
@@ -209,7 +210,8 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
     "bilinear.kernel_exact",
     "Kernel-trick lifted loss and its gradient equal the naive lifted loss for every prior",
     "docs/bilinear.md §1, §3 (tiling §3, §9 pitfall 1)",
-    predicted=f"For quadratic (symmetric and asymmetric decoder), atomic and compound (top-k_c C) models with "
+    predicted=f"For quadratic (symmetric and asymmetric decoder), atomic, compound (top-k_c or dense C) and compound "
+    f"with GLU atoms (the authors' mixed model; symmetric and asymmetric decoder) models with "
     f"random shapes, random weights, random tiles and unnormalised tokens, in float64: the model's kernel loss, "
     f"the theory kernel loss, the model's autograd gradient and the closed-form gradients all equal the naive "
     f"lifted loss ‖T − Σ z_j W_j‖² (T̂ formed explicitly) and its autograd gradient to relative error < {KERNEL_TOL:g}.",
@@ -228,7 +230,7 @@ def bilinear_kernel_exact(ctx: CheckContext) -> Outcome:
         "leaves room for cancellation in the '− 2‖Z‖² + N' terms while any algebraic error is O(1).",
         passed=not bad, details={"cases": rows},
         finding=None if not bad else f"{len(bad)} cases exceed {KERNEL_TOL:g}: " + "; ".join(
-            f"{r['arch']}/{r['decoder']} N={r['N']} D={r['D']} d={r['d_sae']} {r['options']}" for r in bad[:5]),
+            f"{r['arch']}/{r['decoder']}/{r['atoms']} N={r['N']} D={r['D']} d={r['d_sae']} {r['options']}" for r in bad[:5]),
     )
 
 

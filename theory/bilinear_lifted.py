@@ -60,6 +60,9 @@ __all__ = [
     "hoyer_density",
     "ordered_lifted_loss",
     "naive_ordered_lifted_loss",
+    "SPAN_RTOL",
+    "span_fraction",
+    "lifted_principal_forms",
 ]
 
 PRIORS = ("quadratic", "atomic", "compound")
@@ -351,3 +354,64 @@ def naive_ordered_lifted_loss(X: NDArray, dictionary: BilinearDictionary) -> flo
     T = np.einsum("nd,ne->nde", X, X)
     losses = [np.sum((T - np.einsum("nj,jde->nde", Z[:, :p], W[:p])) ** 2) / X.shape[0] for p in range(1, d.d_z + 1)]
     return float(np.mean(losses))
+
+
+# ------------------------------------------------------------------------------------------------
+# Span-level recovery (docs/bilinear.md §6a; issue 16 item 2)
+
+#: Singular values of the stacked forms below SPAN_RTOL · the largest do not span (numerical rank).
+SPAN_RTOL = 1e-8
+
+
+def span_fraction(W: NDArray, H: NDArray) -> float:
+    """‖P_𝒲 vec H‖² / ‖vec H‖² ∈ [0, 1]: the fraction of the form H inside span{W_j} (Frobenius inner product).
+
+    ``W`` (d, D, D) forms, ``H`` (D, D). P_𝒲 is the orthogonal projector onto the span of the vec W_j, from
+    an SVD of the (D², d) stack keeping singular values above SPAN_RTOL·max. Invariant to any invertible
+    mixing of the W_j; 1 iff H is a combination of them; a random d-dimensional subspace of Sym(R^{D×D})
+    holds d/(D(D+1)/2) of a symmetric H on average.
+    """
+    W = np.asarray(W, dtype=np.float64)
+    H = np.asarray(H, dtype=np.float64)
+    if W.ndim != 3 or W.shape[1] != W.shape[2] or H.shape != W.shape[1:]:
+        raise ValueError(f"W must be (d, D, D) and H (D, D) of the same D, got {W.shape} and {H.shape}")
+    if not (np.all(np.isfinite(W)) and np.all(np.isfinite(H))):
+        raise ValueError("W and H must be finite")
+    h = H.ravel()
+    hh = float(h @ h)
+    if hh == 0.0:
+        raise ValueError("H is zero")
+    Q, sv, _ = np.linalg.svd(W.reshape(W.shape[0], -1).T, full_matrices=False)
+    if sv.size == 0 or sv[0] == 0.0:
+        return 0.0
+    Q = Q[:, sv > SPAN_RTOL * sv[0]]
+    return float(np.sum((Q.T @ h) ** 2) / hh)
+
+
+def lifted_principal_forms(X: NDArray, r: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(the top-r principal forms (r, D, D), all eigenvalues of the lifts' second moment, descending).
+
+    The forms are the top-r eigenvectors of the UNcentred second moment (1/N) Σ_i vec(T_i) vec(T_i)ᵀ of the
+    lifts T_i = x_i x_iᵀ (rows of X), reshaped to D×D: orthonormal in Frobenius and symmetric. They are the
+    optimum of a tied linear autoencoder of the lifts with r forms (Eckart–Young), so with unit rows
+    naive_lifted_loss(X, forms) = 1 − (sum of the top r eigenvalues) (the eigenvalues sum to 1), the lowest
+    lifted NMSE of ANY r forms, and span_fraction(forms, H) is the most of H an optimal r-form model can hold.
+    Works in the D(D+1)/2 coordinates of Sym(R^{D×D}) (off-diagonal pairs weighted √2), so small D only.
+    """
+    X = _matrix("X", X)
+    N, D = X.shape
+    m = D * (D + 1) // 2
+    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 1 <= r <= m:
+        raise ValueError(f"r must be an int in [1, D(D+1)/2 = {m}], got {r!r}")
+    if N == 0:
+        raise ValueError("X has no rows")
+    iu = np.triu_indices(D)
+    w = np.where(iu[0] == iu[1], 1.0, np.sqrt(2.0))
+    L = np.einsum("ni,nj->nij", X, X)[:, iu[0], iu[1]] * w  # isometric coordinates of the lifts
+    evals, evecs = np.linalg.eigh(L.T @ L / N)
+    order = np.argsort(evals)[::-1]
+    evals, evecs = evals[order], evecs[:, order[:r]]
+    forms = np.zeros((r, D, D))
+    forms[:, iu[0], iu[1]] = (evecs / w[:, None]).T
+    forms = forms + np.triu(forms, 1).transpose(0, 2, 1)
+    return forms, np.clip(evals, 0.0, None)

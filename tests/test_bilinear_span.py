@@ -86,3 +86,17 @@ def test_matched_topk_k():
     assert matched_topk_k(0.0, 48) == 1 and matched_topk_k(1.0, 48) == 48
     with pytest.raises(ValueError, match="Hoyer"):
         matched_topk_k(1.5, 8)
+
+
+@settings(max_examples=15, deadline=None)
+@given(D=st.integers(2, 6), N=st.integers(2, 40), seed=st.integers(0, 10**6))
+def test_lifted_spectrum_both_routes(D, N, seed):
+    from dictcheck.theory.bilinear_lifted import lifted_spectrum
+
+    rng = np.random.default_rng(seed)
+    X = normalise_tokens(rng.normal(size=(N, D)) * np.exp(rng.normal(size=D)))[0]
+    ev = lifted_principal_forms(X, 1)[1]
+    sp = lifted_spectrum(X)
+    n = min(ev.size, sp.size)
+    np.testing.assert_allclose(sp[:n], ev[:n], atol=1e-11)
+    assert sp.sum() == pytest.approx(1.0, abs=1e-10)

@@ -63,6 +63,7 @@ __all__ = [
     "SPAN_RTOL",
     "span_fraction",
     "lifted_principal_forms",
+    "lifted_spectrum",
 ]
 
 PRIORS = ("quadratic", "atomic", "compound")
@@ -415,3 +416,20 @@ def lifted_principal_forms(X: NDArray, r: int) -> tuple[NDArray[np.float64], NDA
     forms[:, iu[0], iu[1]] = (evecs / w[:, None]).T
     forms = forms + np.triu(forms, 1).transpose(0, 2, 1)
     return forms, np.clip(evals, 0.0, None)
+
+
+def lifted_spectrum(X: NDArray) -> NDArray[np.float64]:
+    """The nonzero spectrum (descending, summing to 1 for unit rows) of the lifts' uncentred second moment.
+
+    Same values as :func:`lifted_principal_forms`'s eigenvalues, by the cheaper route: for N < D(D+1)/2 the
+    N × N Gram (1/N)[(x_i·x_j)²] (⟨T_i, T_j⟩_F = (x_i·x_j)², so it shares the nonzero spectrum), otherwise the
+    D(D+1)/2 Sym coordinates. Large D (e.g. a residual stream) is fine when N is moderate.
+    """
+    X = _matrix("X", X)
+    N, D = X.shape
+    if N == 0:
+        raise ValueError("X has no rows")
+    if N >= D * (D + 1) // 2:
+        return lifted_principal_forms(X, 1)[1]
+    G = X @ X.T
+    return np.clip(np.sort(np.linalg.eigvalsh(G * G / N))[::-1], 0.0, None)

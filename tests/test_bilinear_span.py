@@ -100,3 +100,17 @@ def test_lifted_spectrum_both_routes(D, N, seed):
     n = min(ev.size, sp.size)
     np.testing.assert_allclose(sp[:n], ev[:n], atol=1e-11)
     assert sp.sum() == pytest.approx(1.0, abs=1e-10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(D=st.integers(1, 8), N=st.integers(1, 20), scale=st.floats(0.0, 2.0), seed=st.integers(0, 10**6))
+def test_lifted_error_of_a_linear_reconstruction(D, N, scale, seed):
+    """‖xxᵀ − x̂x̂ᵀ‖² = 2a² + 2‖e‖² + 4a‖e‖² + ‖e‖⁴ with x̂ = x + e, a = x·e (docs/bilinear.md §12)."""
+    from dictcheck.proofs_checks.checks.bilinear import lifted_nmse_of_reconstruction
+
+    rng = np.random.default_rng(seed)
+    X = normalise_tokens(rng.normal(size=(N, D)) + 1e-3)[0]
+    E = scale * rng.normal(size=X.shape)
+    a, ee = np.sum(X * E, axis=1), np.sum(E * E, axis=1)
+    closed = np.mean(2 * a * a + 2 * ee + 4 * a * ee + ee * ee)
+    assert lifted_nmse_of_reconstruction(X, X + E) == pytest.approx(closed, rel=1e-9, abs=1e-12)

@@ -294,8 +294,8 @@ _MUON = MuonConfig(steps=1024, batch_size=512, lr=0.01, momentum=0.95, cooldown=
 _AUTHORS = {"optimiser": "torch.optim.Muon (no Nesterov, no weight decay, no clipping)", **asdict(_MUON),
             "atoms_per_D": ATOMS_PER_D, "composites_per_D": COMPOSITES_PER_D, "hoyer_coef": _HOYER,
             "dtype": "float32"}
-_REGIME_GAP = ("Still differs from the authors': toy data at D ≤ 24 instead of Qwen residual streams (D = 1024); "
-               "batch 512 tokens instead of 32 × 256; float32 instead of bf16; our Hoyer term is added to the "
+_REGIME_GAP = ("Still differs from the authors' (Qwen residual streams, D = 1024): "
+               "batches of at most 512 tokens instead of 32 × 256; float32 instead of bf16; our Hoyer term is added to the "
                "loss (§5) where the authors' mixed model multiplies the loss terms by 1 − α·hoyer(f); orthogonal "
                "unit-row init instead of Xavier.")
 

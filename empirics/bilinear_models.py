@@ -17,7 +17,12 @@ the lift T = xxᵀ as T̂ = Σ_j z_j W_j (spec §1). Priors (spec §2; parameter
   ``k_c`` largest |C_kj| of each row and zeroes the rest, recomputed in every forward pass; the
   gradient passes straight through to ALL entries of C (C_eff = C − stopgrad(C ⊙ (1 − mask))), so a
   dropped entry can re-enter. ``c_l1`` > 0 adds c_l1·Σ|C_kj| (the raw parameter) to the loss.
-  The saved ``C`` is C_eff, what the forward pass uses.
+  The saved ``C`` is C_eff, what the forward pass uses. ``k_c = n_atoms`` is a dense C (no mask).
+  Option ``atoms``: ``"rank1"`` (default, u_j u_jᵀ) or ``"glu"``: GLU atoms u_j v_jᵀ with a second
+  factor V (n_atoms × D), y = (Ux)⊙(Vx), W_k = Σ_j C_kj sym(u_j v_jᵀ) (``decoder`` as for the
+  quadratic prior; the authors' "mixed" model is GLU atoms, dense C, asymmetric decoder). The atomic
+  prior with GLU atoms is ``bilinear-quadratic``. Option ``hoyer_on``: ``"latents"`` (default, the
+  composites z, spec §5 Decision) or ``"atoms"`` (the atom activations y, as the authors' mixed model).
 
 Forward pass (spec §0, §3, §5): rows with ‖x‖ = 0 are dropped (they get zero codes and do not count
 in N), the others are normalised, x ← x/‖x‖. The loss is the kernel-trick form of
@@ -55,6 +60,7 @@ No parameter is constrained during training (decoder_norm_policy "none").
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,13 +71,16 @@ from torch.utils.checkpoint import checkpoint
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 from dictcheck.theory.bilinear_lifted import DECODERS, BilinearDictionary, block_pairs, kernel_block, quadratic_term
 
-__all__ = ["ARCHS", "HOYER_WARMUP_STEPS", "BilinearAutoencoder", "hoyer_mean"]
+__all__ = ["ARCHS", "ATOMS", "HOYER_ON", "HOYER_WARMUP_STEPS", "BilinearAutoencoder", "hoyer_mean", "MuonConfig",
+           "train_muon"]
 
 ARCHS = ("bilinear-quadratic", "bilinear-atomic", "bilinear-compound")
 HOYER_WARMUP_STEPS = 256  # spec §5, s(t) = min(1, t/256)
 TOKEN_NORMALISATION = "x/||x||, zero rows dropped"
 CALIBRATION_TOKENS = 256  # init scale calibration (Decision, module docstring)
 CALIBRATION_TILE = 4096  # bounds the memory of that one-off kernel evaluation
+ATOMS = ("rank1", "glu")  # compound atoms u uᵀ or GLU pairs u vᵀ (module docstring)
+HOYER_ON = ("latents", "atoms")  # what the compound prior's Hoyer term measures
 
 
 
@@ -127,6 +136,8 @@ class BilinearAutoencoder(Featurizer):
         n_atoms: int | None = None,
         k_c: int | None = None,
         c_l1: float = 0.0,
+        atoms: str = "rank1",
+        hoyer_on: str = "latents",
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
     ) -> None:
@@ -135,13 +146,19 @@ class BilinearAutoencoder(Featurizer):
         self.prior = arch.removeprefix("bilinear-")
         self.hoyer_coef, self.tile, self.decoder = float(hoyer_coef), int(tile), decoder
         self.n_atoms, self.k_c, self.c_l1 = n_atoms, k_c, float(c_l1)
+        if atoms not in ATOMS or hoyer_on not in HOYER_ON:
+            raise ValueError(f"atoms must be one of {ATOMS} and hoyer_on one of {HOYER_ON}, got {atoms!r}, {hoyer_on!r}")
+        if self.prior != "compound" and (atoms, hoyer_on) != ("rank1", "latents"):
+            raise ValueError("atoms and hoyer_on are options of the compound prior (the atomic prior with GLU atoms "
+                             "is bilinear-quadratic)")
+        self.atoms, self.hoyer_on = atoms, hoyer_on
         self._step: int | None = None
         gen = torch.Generator().manual_seed(int(seed))
         n_u = n_atoms if self.prior == "compound" else self.d_sae
         self.U = torch.nn.Parameter(_unit_row_orthogonal(n_u, self.d_in, gen).to(dtype))
         self.V = (
-            torch.nn.Parameter(_unit_row_orthogonal(self.d_sae, self.d_in, gen).to(dtype))
-            if self.prior == "quadratic" else None
+            torch.nn.Parameter(_unit_row_orthogonal(n_u, self.d_in, gen).to(dtype))
+            if self.prior == "quadratic" or atoms == "glu" else None
         )
         if self.prior == "compound":
             C = _unit_row_orthogonal(self.d_sae, n_atoms, gen)
@@ -186,6 +203,8 @@ class BilinearAutoencoder(Featurizer):
     def effective_C(self) -> Tensor:
         """C_eff: per-row top-k_c of |C| (values), gradient straight through to every entry of C."""
         C = self.C
+        if self.k_c == self.n_atoms:  # dense C
+            return C
         return C - (C * (1.0 - _topk_mask(C, self.k_c))).detach()
 
     def normalise(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -199,14 +218,17 @@ class BilinearAutoencoder(Featurizer):
         keep = norms > 0
         return x[keep] / norms[keep, None], keep
 
+    def atom_activations(self, xn: Tensor) -> Tensor:
+        """Y (N, n): (u_j·x)(v_j·x) with V, else (u_j·x)²; the latents unless the prior is compound."""
+        P = xn @ self.U.T
+        return P * (xn @ self.V.T) if self.V is not None else P * P
+
     def latents(self, xn: Tensor, C_eff: Tensor | None = None) -> Tensor:
         """Z (N, d_sae) of normalised rows ``xn`` (C_eff: the compound composition, default effective_C())."""
-        P = xn @ self.U.T
-        if self.prior == "quadratic":
-            return P * (xn @ self.V.T)
-        if self.prior == "atomic":
-            return P * P
-        return (P * P) @ (self.effective_C() if C_eff is None else C_eff).T
+        y = self.atom_activations(xn)
+        if self.prior != "compound":
+            return y
+        return y @ (self.effective_C() if C_eff is None else C_eff).T
 
     def _quadratic_term(self, M: Tensor) -> Tensor:
         if self.tile == 0:
@@ -222,11 +244,12 @@ class BilinearAutoencoder(Featurizer):
         if N == 0:
             raise ValueError("the batch has no nonzero row (zero rows are dropped before normalising)")
         C_eff = self.effective_C() if self.prior == "compound" else None
-        z = self.latents(xn, C_eff)
+        y = self.atom_activations(xn)
+        z = y @ C_eff.T if C_eff is not None else y
         M = z @ C_eff if C_eff is not None else z
         mse = (self._quadratic_term(M) - 2.0 * (z * z).sum() + N) / N
         if N >= 2:
-            eta, n_dead = hoyer_mean(z)
+            eta, n_dead = hoyer_mean(y if self.hoyer_on == "atoms" else z)
         else:
             eta, n_dead = z.new_zeros(()), 0
         sparsity = self.hoyer_coef * self.hoyer_scale() * eta
@@ -289,10 +312,10 @@ class BilinearAutoencoder(Featurizer):
 
     def arch_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"hoyer_coef": self.hoyer_coef}
-        if self.prior == "quadratic":
+        if self.V is not None:
             fields["decoder"] = self.decoder
         if self.prior == "compound":
-            fields.update(n_atoms=self.n_atoms, k_c=self.k_c, c_l1=self.c_l1)
+            fields.update(n_atoms=self.n_atoms, k_c=self.k_c, c_l1=self.c_l1, atoms=self.atoms, hoyer_on=self.hoyer_on)
         fields.update(tile=self.tile, hoyer_warmup_steps=HOYER_WARMUP_STEPS, token_normalisation=TOKEN_NORMALISATION)
         return fields
 
@@ -307,7 +330,11 @@ class BilinearAutoencoder(Featurizer):
                   "tile": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                   "decoder": lambda v: v in DECODERS,
                   "k_c": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= (self.n_atoms or 0)}
-        applies = {"decoder": self.prior == "quadratic", "k_c": self.prior == "compound", "c_l1": self.prior == "compound"}
+        if self.prior == "compound" and fields.get("atoms", self.atoms) != self.atoms:
+            raise ValueError(f"atoms {fields['atoms']!r} does not match the model's {self.atoms!r}")
+        checks["hoyer_on"] = lambda v: v in HOYER_ON
+        applies = {"decoder": self.V is not None, "k_c": self.prior == "compound", "c_l1": self.prior == "compound",
+                   "hoyer_on": self.prior == "compound"}
         for name, ok in checks.items():
             if name in fields and applies.get(name, True):
                 if not ok(fields[name]):
@@ -318,3 +345,57 @@ class BilinearAutoencoder(Featurizer):
         return f"arch={self.arch}, d_in={self.d_in}, d_sae={self.d_sae}, " + ", ".join(
             f"{k}={v}" for k, v in self.arch_fields().items() if k != "token_normalisation"
         )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The authors' optimiser (docs/bilinear.md §8): Muon on every parameter, momentum 0.95, no Nesterov, no
+# weight decay, lr constant for the first (1 − cooldown) of the steps then linear to 0 [code: tdooms/bae
+# mixed model, lr 0.01, cooldown 0.5]. The project's loop (empirics.training.train) trains with Adam only,
+# so this small loop is the one place Muon is used (Decision): same batch rule (with replacement, a seeded
+# CPU generator), the Hoyer warm-up through set_step, no clipping (the authors clip nothing).
+
+
+@dataclass(frozen=True)
+class MuonConfig:
+    """Muon training of a bilinear autoencoder: steps, batch size, peak lr, momentum, cooldown fraction, seed."""
+
+    steps: int = 1024
+    batch_size: int = 512
+    lr: float = 0.01
+    momentum: float = 0.95
+    cooldown: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 2 or not self.lr > 0 or not 0.0 < self.cooldown <= 1.0:
+            raise ValueError(f"MuonConfig needs steps >= 1, batch_size >= 2, lr > 0, cooldown in (0, 1]: {self}")
+
+    def lr_factor(self, step: int) -> float:
+        """min(1, (1 − step/steps)/cooldown): 1 until step = (1 − cooldown)·steps, then linear to 0."""
+        return min(1.0, (1.0 - step / self.steps) / self.cooldown)
+
+
+def train_muon(model: BilinearAutoencoder, rows: np.ndarray, cfg: MuonConfig) -> list[float]:
+    """Train ``model`` in place on ``rows`` (N, D) with ``torch.optim.Muon`` (section comment above); returns
+    the batch loss at every tenth of the run. Deterministic under ``cfg.seed`` (CPU)."""
+    X = torch.from_numpy(np.ascontiguousarray(rows)).to(model.U.dtype)
+    if X.ndim != 2 or X.shape[1] != model.d_in or X.shape[0] < 2:
+        raise ValueError(f"rows must have shape (N >= 2, {model.d_in}), got {tuple(X.shape)}")
+    opt = torch.optim.Muon(list(model.parameters()), lr=cfg.lr, weight_decay=0.0, momentum=cfg.momentum,
+                           nesterov=False)
+    gen = torch.Generator().manual_seed(int(cfg.seed))
+    every = max(1, cfg.steps // 10)
+    log: list[float] = []
+    model.train()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * cfg.lr_factor(step)
+        model.set_step(step)
+        out = model(X[torch.randint(X.shape[0], (cfg.batch_size,), generator=gen)])
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        if (step + 1) % every == 0:
+            log.append(float(out.loss.detach()))
+    model.eval()
+    return log

@@ -27,12 +27,16 @@ from dictcheck.theory.bilinear_lifted import (
 
 torch.set_num_threads(1)
 
-VARIANTS = [("quadratic", "symmetric"), ("quadratic", "asymmetric"), ("atomic", "symmetric"), ("compound", "symmetric")]
+#: "compound-glu": the compound prior with GLU atoms u_j v_jᵀ (the authors' mixed model), both decoders.
+VARIANTS = [("quadratic", "symmetric"), ("quadratic", "asymmetric"), ("atomic", "symmetric"), ("compound", "symmetric"),
+            ("compound-glu", "symmetric"), ("compound-glu", "asymmetric")]
 MODEL_VARIANTS = [
     ("bilinear-quadratic", {}),
     ("bilinear-quadratic", {"decoder": "asymmetric"}),
     ("bilinear-atomic", {}),
     ("bilinear-compound", {"n_atoms": 9, "k_c": 3}),
+    ("bilinear-compound", {"n_atoms": 9, "k_c": 9, "atoms": "glu", "hoyer_on": "atoms"}),
+    ("bilinear-compound", {"n_atoms": 9, "k_c": 4, "atoms": "glu", "decoder": "asymmetric"}),
 ]
 REL = 1e-10
 
@@ -47,11 +51,12 @@ def _rel(a: float, b: float) -> float:
 
 
 def _dictionary(rng: np.random.Generator, prior: str, decoder: str, D: int, d_z: int, n_a: int) -> BilinearDictionary:
-    m = n_a if prior == "compound" else d_z
+    compound = prior.startswith("compound")
+    m = n_a if compound else d_z
     U = rng.normal(size=(m, D))
-    V = rng.normal(size=(d_z, D)) if prior == "quadratic" else None
-    C = rng.normal(size=(d_z, n_a)) if prior == "compound" else None
-    return BilinearDictionary(prior, U, V, C, decoder)
+    V = rng.normal(size=(m, D)) if prior in ("quadratic", "compound-glu") else None
+    C = rng.normal(size=(d_z, n_a)) if compound else None
+    return BilinearDictionary(prior.removesuffix("-glu"), U, V, C, decoder)
 
 
 def _tokens(rng: np.random.Generator, N: int, D: int) -> np.ndarray:
@@ -145,7 +150,7 @@ def test_closed_form_gradients_equal_finite_differences(prior, decoder, seed):
     for name, G in grads.items():
         def loss(A, name=name):
             kw = {"U": d.U, "V": d.V, "C": d.C, name: A}
-            return naive_lifted_loss(X, BilinearDictionary(prior, decoder=decoder, **kw).forms())
+            return naive_lifted_loss(X, BilinearDictionary(d.prior, decoder=decoder, **kw).forms())
 
         num = _fd_gradient(loss, getattr(d, name))
         assert np.max(np.abs(num - G)) <= 1e-6 * max(1.0, np.max(np.abs(G))), name
@@ -377,7 +382,8 @@ def test_arch_fields_and_forms():
 def test_options_defaults_and_errors():
     assert _resolve("bilinear-quadratic", 8, {}) == {"hoyer_coef": 0.1, "tile": 0, "decoder": "symmetric"}
     assert _resolve("bilinear-atomic", 8, {"tile": 4}) == {"hoyer_coef": 0.1, "tile": 4}
-    assert _resolve("bilinear-compound", 8, {}) == {"hoyer_coef": 0.1, "n_atoms": 16, "k_c": 8, "c_l1": 0.0, "tile": 0}
+    assert _resolve("bilinear-compound", 8, {}) == {"hoyer_coef": 0.1, "n_atoms": 16, "k_c": 8, "c_l1": 0.0, "tile": 0,
+                                                    "decoder": "symmetric", "atoms": "rank1", "hoyer_on": "latents"}
     assert _resolve("bilinear-compound", 2, {})["k_c"] == 4  # min(8, n_atoms)
     bad = [
         ("bilinear-quadratic", {"k": 3}, "does not take option"),
@@ -391,6 +397,9 @@ def test_options_defaults_and_errors():
         ("bilinear-compound", {"n_atoms": 4, "k_c": 5}, "k_c must be <="),
         ("bilinear-compound", {"n_atoms": 0}, "n_atoms"),
         ("bilinear-compound", {"c_l1": True}, "c_l1"),
+        ("bilinear-compound", {"atoms": "cubic"}, "atoms must be"),
+        ("bilinear-compound", {"hoyer_on": "tokens"}, "hoyer_on"),
+        ("bilinear-compound", {"decoder": "asymmetric"}, "needs GLU atoms"),
     ]
     for arch, opts, msg in bad:
         with pytest.raises(ValueError, match=msg):
@@ -428,3 +437,21 @@ def test_trains_and_saves_through_the_shared_loop(arch, opts, tmp_path):
     assert naive_lifted_loss(normalise_tokens(X)[0], model.dictionary().forms()) == pytest.approx(
         res.metrics["nmse_lifted"], rel=1e-10)
     assert res.metrics["nmse_lifted"] < _f(_model(arch, opts, seed=1)(x).mse)  # training lowered the loss
+
+
+# ----------------------------------------------------------------------------- the authors' Muon regime (§8)
+def test_muon_schedule_and_training_is_deterministic():
+    from dictcheck.empirics.bilinear_models import MuonConfig, train_muon
+
+    cfg = MuonConfig(steps=40, batch_size=32, lr=0.02, seed=3)
+    assert [cfg.lr_factor(s) for s in (0, 19, 20, 30)] == [1.0, 1.0, 1.0, 0.5]
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 5))
+    opts = {"n_atoms": 12, "k_c": 12, "atoms": "glu", "hoyer_on": "atoms", "decoder": "asymmetric"}
+    runs = [_model("bilinear-compound", opts, d_sae=4, seed=2, hoyer_coef=0.0) for _ in range(2)]
+    before = _f(runs[0](torch.from_numpy(X)).mse)
+    logs = [train_muon(m, X, cfg) for m in runs]
+    assert logs[0] == logs[1] and torch.equal(runs[0].U, runs[1].U)
+    assert _f(runs[0](torch.from_numpy(X)).mse) < before
+    with pytest.raises(ValueError, match="MuonConfig"):
+        MuonConfig(cooldown=0.0)

@@ -93,12 +93,12 @@ def test_lift_metrics_of_the_checks_on_the_toy() -> None:
 
 
 def test_bilinear_check_protocol_helpers():
-    from dictcheck.proofs_checks.checks.bilinear import _decoder_rank_bound, _training_objective
+    from dictcheck.proofs_checks.checks.bilinear import _training_objective, decoder_rank_bound
 
     class _Model:
         hoyer_coef = 0.3
 
     assert _training_objective(_Model(), {"nmse_lifted": 0.2, "hoyer_density": 0.5}) == pytest.approx(0.35)
     assert _training_objective(object(), {"mse": 0.1}) == 0.1  # the TopK baseline minimises its mse
-    assert _decoder_rank_bound({"d_sae": 32, "options": {"n_atoms": 24}}) == 24  # compound: ≤ n_atoms
-    assert _decoder_rank_bound({"d_sae": 16, "options": {}}) == 16
+    assert decoder_rank_bound(32, {"n_atoms": 24}) == 24  # compound: ≤ n_atoms
+    assert decoder_rank_bound(16, {}) == 16

@@ -17,7 +17,12 @@ quadratic, symmetric   (u_j·x)(v_j·x)                   ½[(UUᵀ)⊙(VVᵀ) +
 quadratic, asymmetric  (u_j·x)(v_j·x)                   (UUᵀ)⊙(VVᵀ)                    (W_j = u_j v_jᵀ)
 atomic                 (u_j·x)²                         (UUᵀ)^∘2                       (W_j = u_j u_jᵀ)
 compound               z = C y, y = (Ux)^∘2             C (UUᵀ)^∘2 Cᵀ                  (W_k = Σ_j C_kj u_j u_jᵀ)
+compound, GLU atoms    z = C y, y = (Ux)⊙(Vx)           C K_GLU Cᵀ                     (W_k = Σ_j C_kj sym(u_j v_jᵀ))
 =====================  ===============================  ==========================================
+
+GLU atoms (spec §2, the workshop's "mixed" model): the compound prior with atoms u_j v_jᵀ, i.e. V
+given; K_GLU is the quadratic prior's kernel of the atoms (symmetric decoder, or asymmetric
+(UUᵀ)⊙(VVᵀ), the authors' kernel). The atomic prior with GLU atoms IS the quadratic prior.
 
 Batch loss (spec §3), with ‖x‖ = 1 so ‖T‖_F = 1 and ⟨T, W_j⟩ = z_j:
 
@@ -55,6 +60,10 @@ __all__ = [
     "hoyer_density",
     "ordered_lifted_loss",
     "naive_ordered_lifted_loss",
+    "SPAN_RTOL",
+    "span_fraction",
+    "lifted_principal_forms",
+    "lifted_spectrum",
 ]
 
 PRIORS = ("quadratic", "atomic", "compound")
@@ -80,7 +89,8 @@ class BilinearDictionary:
 
     ``quadratic``: U, V (d_z × D), ``decoder`` symmetric (default, spec §4) or asymmetric.
     ``atomic``: U (d_z × D); V is None. ``compound``: U (n_a × D) atoms, C (d_z × n_a), the
-    effective (sparsified) composition used by the forward pass.
+    effective (sparsified) composition used by the forward pass; with V (n_a × D) the atoms are GLU
+    pairs u_j v_jᵀ (then ``decoder`` may be asymmetric too).
     """
 
     prior: str
@@ -94,13 +104,16 @@ class BilinearDictionary:
             raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {self.decoder!r}")
-        if self.prior != "quadratic" and self.decoder != "symmetric":
-            raise ValueError(f"decoder={self.decoder!r} exists only for the quadratic prior")
+        if self.V is None and self.decoder != "symmetric":
+            raise ValueError(f"decoder={self.decoder!r} exists only for GLU forms (quadratic prior, compound GLU atoms)")
         U = _matrix("U", self.U)
         object.__setattr__(self, "U", U)
-        needs_v, needs_c = self.prior == "quadratic", self.prior == "compound"
-        if (self.V is not None) != needs_v:
-            raise ValueError(f"V must be {'given' if needs_v else 'None'} for the {self.prior} prior")
+        needs_c = self.prior == "compound"
+        if self.prior == "quadratic" and self.V is None:
+            raise ValueError("V must be given for the quadratic prior")
+        if self.prior == "atomic" and self.V is not None:
+            raise ValueError("V must be None for the atomic prior (GLU atoms without C are the quadratic prior)")
+        needs_v = self.V is not None
         if (self.C is not None) != needs_c:
             raise ValueError(f"C must be {'given' if needs_c else 'None'} for the {self.prior} prior")
         if needs_v:
@@ -119,27 +132,28 @@ class BilinearDictionary:
     def d_z(self) -> int:
         return self.C.shape[0] if self.C is not None else self.U.shape[0]
 
-    def latents(self, X: NDArray) -> NDArray[np.float64]:
-        """Z (N, d_z): z_j = xᵀW_j x for each row x of X (no normalisation here)."""
+    def atom_activations(self, X: NDArray) -> NDArray[np.float64]:
+        """Y (N, n): y_j = (u_j·x)(v_j·x), or (u_j·x)² without V; the latents unless the prior is compound."""
         X = _matrix("X", X, self.d_in)
         P = X @ self.U.T
-        if self.prior == "quadratic":
-            return P * (X @ self.V.T)
-        if self.prior == "atomic":
-            return P**2
-        return P**2 @ self.C.T
+        return P * (X @ self.V.T) if self.V is not None else P**2
+
+    def latents(self, X: NDArray) -> NDArray[np.float64]:
+        """Z (N, d_z): z_j = xᵀW_j x for each row x of X (no normalisation here)."""
+        Y = self.atom_activations(X)
+        return Y @ self.C.T if self.C is not None else Y
 
     def forms(self) -> NDArray[np.float64]:
-        """The decoder's forms W_j, (d_z, D, D): sym(u_j v_jᵀ) | u_j v_jᵀ (asymmetric) | u_j u_jᵀ | Σ_j C_kj u_j u_jᵀ.
+        """The decoder's forms W_j, (d_z, D, D): sym(u_j v_jᵀ) | u_j v_jᵀ (asymmetric) | u_j u_jᵀ, mixed by C
+        for the compound prior (Σ_j C_kj of the atoms).
 
         The encoder sees only sym(W_j); the asymmetric decoder's forms are not symmetric.
         """
         U = self.U
-        if self.prior == "quadratic":
-            W = np.einsum("jd,je->jde", U, self.V)
-            return W if self.decoder == "asymmetric" else 0.5 * (W + W.transpose(0, 2, 1))
-        atoms = np.einsum("jd,je->jde", U, U)
-        return atoms if self.prior == "atomic" else np.einsum("kj,jde->kde", self.C, atoms)
+        W = np.einsum("jd,je->jde", U, U if self.V is None else self.V)
+        if self.V is not None and self.decoder == "symmetric":
+            W = 0.5 * (W + W.transpose(0, 2, 1))
+        return W if self.C is None else np.einsum("kj,jde->kde", self.C, W)
 
     def kernel(self) -> NDArray[np.float64]:
         """K (d_z × d_z), K_jl = ⟨W_j, W_l⟩_F, from Gram matrices (nothing D×D formed)."""
@@ -187,12 +201,15 @@ def naive_lifted_loss(X: NDArray, W: NDArray) -> float:
 def kernel_block(prior: str, decoder: str, U: Any, V: Any, rows: slice, cols: slice) -> Any:
     """K[rows, cols] from Gram blocks (numpy arrays or torch tensors alike).
 
-    quadratic: ½[(U_I U_Jᵀ)⊙(V_I V_Jᵀ) + (U_I V_Jᵀ)⊙(V_I U_Jᵀ)] (symmetric decoder) or
-    (U_I U_Jᵀ)⊙(V_I V_Jᵀ) (asymmetric); atomic and compound: (U_I U_Jᵀ)^∘2, which for the compound
-    prior is the ATOM kernel (U holds the atoms).
+    GLU forms (V given: quadratic prior, compound GLU atoms): ½[(U_I U_Jᵀ)⊙(V_I V_Jᵀ) + (U_I V_Jᵀ)⊙(V_I U_Jᵀ)]
+    (symmetric decoder) or (U_I U_Jᵀ)⊙(V_I V_Jᵀ) (asymmetric); rank-1 forms (V None: atomic and compound):
+    (U_I U_Jᵀ)^∘2. For the compound prior this is the ATOM kernel (U, V hold the atoms). ``prior`` is
+    validated only; the kernel is decided by V.
     """
+    if prior not in PRIORS:
+        raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
     UU = U[rows] @ U[cols].T
-    if prior != "quadratic":
+    if V is None:
         return UU * UU
     K = UU * (V[rows] @ V[cols].T)
     if decoder == "asymmetric":
@@ -240,15 +257,15 @@ def kernel_lifted_loss(X: NDArray, dictionary: BilinearDictionary, tile: int = 0
 
 
 def lifted_loss_gradients(X: NDArray, dictionary: BilinearDictionary) -> dict[str, NDArray[np.float64]]:
-    """Closed-form gradients of the kernel loss (spec §3), rows layout; keys "U", "V" / "U" / "U", "C".
+    """Closed-form gradients of the kernel loss (spec §3), rows layout; keys "U" (, "V") (, "C").
 
-    With G = ∂L/∂Z = (2ZK − 4Z)/N, S = ZᵀZ/N, P_U = XUᵀ, P_V = XVᵀ:
+    With G = ∂L/∂Z = (2ZK − 4Z)/N, S = ZᵀZ/N, P_U = XUᵀ, P_V = XVᵀ, and in atom space G_a = G, S_a = S
+    (quadratic, atomic) or, chaining through z = Cy with K = C A Cᵀ (A the atom kernel), G_a = GC,
+    S_a = CᵀSC and ∇_C = GᵀY + 2SCA (compound; Y the atom activations):
 
-    * quadratic, symmetric: ∇_U = (G⊙P_V)ᵀX + (S⊙VVᵀ)U + (S⊙VUᵀ)V, ∇_V = (G⊙P_U)ᵀX + (S⊙UUᵀ)V + (S⊙UVᵀ)U;
-    * quadratic, asymmetric: ∇_U = (G⊙P_V)ᵀX + 2(S⊙VVᵀ)U, and symmetrically for V;
-    * atomic: ∇_U = (G⊙2P_U)ᵀX + 4(S⊙UUᵀ)U;
-    * compound (chain rule through z = Cy, K = C A Cᵀ with A = (UUᵀ)^∘2):
-      ∇_C = GᵀY + 2 S C A, ∇_U = ((GC)⊙2P_U)ᵀX + 4(S_a⊙UUᵀ)U with S_a = CᵀSC.
+    * GLU atoms, symmetric decoder: ∇_U = (G_a⊙P_V)ᵀX + (S_a⊙VVᵀ)U + (S_a⊙VUᵀ)V, and ∇_V likewise with U ↔ V;
+    * GLU atoms, asymmetric decoder: ∇_U = (G_a⊙P_V)ᵀX + 2(S_a⊙VVᵀ)U, and symmetrically for V;
+    * rank-1 atoms: ∇_U = (G_a⊙2P_U)ᵀX + 4(S_a⊙UUᵀ)U.
 
     ∇_C is with respect to the effective C; the model passes it straight through to all entries.
     """
@@ -260,22 +277,23 @@ def lifted_loss_gradients(X: NDArray, dictionary: BilinearDictionary) -> dict[st
     G = (2.0 * Z @ d.kernel() - 4.0 * Z) / N
     S = Z.T @ Z / N
     PU = X @ U.T
-    if d.prior == "quadratic":
-        PV = X @ V.T
-        if d.decoder == "symmetric":
-            gU = (G * PV).T @ X + (S * (V @ V.T)) @ U + (S * (V @ U.T)) @ V
-            gV = (G * PU).T @ X + (S * (U @ U.T)) @ V + (S * (U @ V.T)) @ U
-        else:
-            gU = (G * PV).T @ X + 2.0 * (S * (V @ V.T)) @ U
-            gV = (G * PU).T @ X + 2.0 * (S * (U @ U.T)) @ V
-        return {"U": gU, "V": gV}
-    if d.prior == "atomic":
-        return {"U": (G * 2.0 * PU).T @ X + 4.0 * (S * (U @ U.T)) @ U}
-    UU = U @ U.T
-    Y = PU**2
-    gC = G.T @ Y + 2.0 * S @ C @ (UU * UU)
-    gU = ((G @ C) * 2.0 * PU).T @ X + 4.0 * ((C.T @ S @ C) * UU) @ U
-    return {"U": gU, "C": gC}
+    out: dict[str, NDArray[np.float64]] = {}
+    if C is not None:
+        m = U.shape[0]
+        A = kernel_block(d.prior, d.decoder, U, V, slice(0, m), slice(0, m))
+        out["C"] = G.T @ d.atom_activations(X) + 2.0 * S @ C @ A
+        G, S = G @ C, C.T @ S @ C
+    if V is None:
+        out["U"] = (G * 2.0 * PU).T @ X + 4.0 * (S * (U @ U.T)) @ U
+        return out
+    PV = X @ V.T
+    if d.decoder == "symmetric":
+        out["U"] = (G * PV).T @ X + (S * (V @ V.T)) @ U + (S * (V @ U.T)) @ V
+        out["V"] = (G * PU).T @ X + (S * (U @ U.T)) @ V + (S * (U @ V.T)) @ U
+    else:
+        out["U"] = (G * PV).T @ X + 2.0 * (S * (V @ V.T)) @ U
+        out["V"] = (G * PU).T @ X + 2.0 * (S * (U @ U.T)) @ V
+    return out
 
 
 class HoyerDensity(NamedTuple):
@@ -337,3 +355,81 @@ def naive_ordered_lifted_loss(X: NDArray, dictionary: BilinearDictionary) -> flo
     T = np.einsum("nd,ne->nde", X, X)
     losses = [np.sum((T - np.einsum("nj,jde->nde", Z[:, :p], W[:p])) ** 2) / X.shape[0] for p in range(1, d.d_z + 1)]
     return float(np.mean(losses))
+
+
+# ------------------------------------------------------------------------------------------------
+# Span-level recovery (docs/bilinear.md §6a; issue 16 item 2)
+
+#: Singular values of the stacked forms below SPAN_RTOL · the largest do not span (numerical rank).
+SPAN_RTOL = 1e-8
+
+
+def span_fraction(W: NDArray, H: NDArray) -> float:
+    """‖P_𝒲 vec H‖² / ‖vec H‖² ∈ [0, 1]: the fraction of the form H inside span{W_j} (Frobenius inner product).
+
+    ``W`` (d, D, D) forms, ``H`` (D, D). P_𝒲 is the orthogonal projector onto the span of the vec W_j, from
+    an SVD of the (D², d) stack keeping singular values above SPAN_RTOL·max. Invariant to any invertible
+    mixing of the W_j; 1 iff H is a combination of them; a random d-dimensional subspace of Sym(R^{D×D})
+    holds d/(D(D+1)/2) of a symmetric H on average.
+    """
+    W = np.asarray(W, dtype=np.float64)
+    H = np.asarray(H, dtype=np.float64)
+    if W.ndim != 3 or W.shape[1] != W.shape[2] or H.shape != W.shape[1:]:
+        raise ValueError(f"W must be (d, D, D) and H (D, D) of the same D, got {W.shape} and {H.shape}")
+    if not (np.all(np.isfinite(W)) and np.all(np.isfinite(H))):
+        raise ValueError("W and H must be finite")
+    h = H.ravel()
+    hh = float(h @ h)
+    if hh == 0.0:
+        raise ValueError("H is zero")
+    Q, sv, _ = np.linalg.svd(W.reshape(W.shape[0], -1).T, full_matrices=False)
+    if sv.size == 0 or sv[0] == 0.0:
+        return 0.0
+    Q = Q[:, sv > SPAN_RTOL * sv[0]]
+    return float(np.sum((Q.T @ h) ** 2) / hh)
+
+
+def lifted_principal_forms(X: NDArray, r: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(the top-r principal forms (r, D, D), all eigenvalues of the lifts' second moment, descending).
+
+    The forms are the top-r eigenvectors of the UNcentred second moment (1/N) Σ_i vec(T_i) vec(T_i)ᵀ of the
+    lifts T_i = x_i x_iᵀ (rows of X), reshaped to D×D: orthonormal in Frobenius and symmetric. They are the
+    optimum of a tied linear autoencoder of the lifts with r forms (Eckart–Young), so with unit rows
+    naive_lifted_loss(X, forms) = 1 − (sum of the top r eigenvalues) (the eigenvalues sum to 1), the lowest
+    lifted NMSE of ANY r forms, and span_fraction(forms, H) is the most of H an optimal r-form model can hold.
+    Works in the D(D+1)/2 coordinates of Sym(R^{D×D}) (off-diagonal pairs weighted √2), so small D only.
+    """
+    X = _matrix("X", X)
+    N, D = X.shape
+    m = D * (D + 1) // 2
+    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 1 <= r <= m:
+        raise ValueError(f"r must be an int in [1, D(D+1)/2 = {m}], got {r!r}")
+    if N == 0:
+        raise ValueError("X has no rows")
+    iu = np.triu_indices(D)
+    w = np.where(iu[0] == iu[1], 1.0, np.sqrt(2.0))
+    L = np.einsum("ni,nj->nij", X, X)[:, iu[0], iu[1]] * w  # isometric coordinates of the lifts
+    evals, evecs = np.linalg.eigh(L.T @ L / N)
+    order = np.argsort(evals)[::-1]
+    evals, evecs = evals[order], evecs[:, order[:r]]
+    forms = np.zeros((r, D, D))
+    forms[:, iu[0], iu[1]] = (evecs / w[:, None]).T
+    forms = forms + np.triu(forms, 1).transpose(0, 2, 1)
+    return forms, np.clip(evals, 0.0, None)
+
+
+def lifted_spectrum(X: NDArray) -> NDArray[np.float64]:
+    """The nonzero spectrum (descending, summing to 1 for unit rows) of the lifts' uncentred second moment.
+
+    Same values as :func:`lifted_principal_forms`'s eigenvalues, by the cheaper route: for N < D(D+1)/2 the
+    N × N Gram (1/N)[(x_i·x_j)²] (⟨T_i, T_j⟩_F = (x_i·x_j)², so it shares the nonzero spectrum), otherwise the
+    D(D+1)/2 Sym coordinates. Large D (e.g. a residual stream) is fine when N is moderate.
+    """
+    X = _matrix("X", X)
+    N, D = X.shape
+    if N == 0:
+        raise ValueError("X has no rows")
+    if N >= D * (D + 1) // 2:
+        return lifted_principal_forms(X, 1)[1]
+    G = X @ X.T
+    return np.clip(np.sort(np.linalg.eigvalsh(G * G / N))[::-1], 0.0, None)

@@ -105,9 +105,7 @@ class FactoredForms:
     def from_dictionary(cls, dictionary: BilinearDictionary) -> FactoredForms:
         """The symmetrised forms of a :class:`theory.bilinear_lifted.BilinearDictionary` (any decoder:
         the readout and the similarity use sym(W_j), §6 step 1 and §7)."""
-        if dictionary.prior == "quadratic":
-            return cls(dictionary.U, right=dictionary.V)
-        return cls(dictionary.U, mix=dictionary.C)
+        return cls(dictionary.U, right=dictionary.V, mix=dictionary.C)
 
     @property
     def d(self) -> int:

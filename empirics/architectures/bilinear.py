@@ -18,7 +18,7 @@ from dictcheck.empirics.architectures.base import (
     require_int,
     require_real,
 )
-from dictcheck.empirics.bilinear_models import BilinearAutoencoder
+from dictcheck.empirics.bilinear_models import ATOMS, HOYER_ON, BilinearAutoencoder
 from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.theory.bilinear_lifted import DECODERS
 
@@ -55,19 +55,29 @@ class QuadraticOptions(BilinearOptions):
 
 
 @dataclass(frozen=True)
-class CompoundOptions(BilinearOptions):
-    """The compound prior W_k = Σ_j C_kj u_j u_jᵀ: atoms, non-zeros per row of C, an L1 on C."""
+class CompoundOptions(QuadraticOptions):
+    """The compound prior W_k = Σ_j C_kj a_j: atoms a_j (u_j u_jᵀ, or GLU u_j v_jᵀ), non-zeros per row of C
+    (n_atoms: dense), an L1 on C, what the Hoyer term measures; ``decoder`` applies to GLU atoms only."""
 
-    n_atoms: int | None = option(None, type=int, help="rank-1 atoms of the compound prior (default 2·d_sae)")
-    k_c: int | None = option(None, type=int, help="non-zeros per row of C, compound prior (default min(8, n_atoms))")
+    n_atoms: int | None = option(None, type=int, help="atoms of the compound prior (default 2·d_sae)")
+    k_c: int | None = option(None, type=int, help="non-zeros per row of C, compound prior (default min(8, n_atoms); "
+                             "n_atoms = dense C)")
     c_l1: float = option(0.0, type=float, help="L1 coefficient on C, compound prior (default 0)")
+    atoms: str = option("rank1", type=str, choices=ATOMS, help="compound atoms: rank1 u uᵀ (default) or glu u vᵀ")
+    hoyer_on: str = option("latents", type=str, choices=HOYER_ON, help="compound Hoyer term on the composites "
+                           "(latents, default) or on the atom activations (atoms)")
 
     def resolved(self, arch: str, d_sae: int) -> CompoundOptions:
-        base = BilinearOptions.resolved(self, arch, d_sae)
+        base = QuadraticOptions.resolved(self, arch, d_sae)
         n_atoms = require_int("n_atoms", 2 * d_sae if self.n_atoms is None else self.n_atoms, 1)
         k_c = require_int("k_c", min(DEFAULT_K_C, n_atoms) if self.k_c is None else self.k_c, 1)
         if k_c > n_atoms:
             raise ValueError(f"k_c must be <= n_atoms = {n_atoms}, got {k_c}")
+        if self.atoms not in ATOMS or self.hoyer_on not in HOYER_ON:
+            raise ValueError(f"atoms must be one of {list(ATOMS)} and hoyer_on one of {list(HOYER_ON)}, got "
+                             f"{self.atoms!r}, {self.hoyer_on!r}")
+        if self.atoms == "rank1" and self.decoder != "symmetric":
+            raise ValueError("decoder asymmetric needs GLU atoms (atoms glu); rank-1 atoms are symmetric")
         return replace(self, hoyer_coef=base.hoyer_coef, tile=base.tile, n_atoms=n_atoms, k_c=k_c,
                        c_l1=require_real("c_l1", self.c_l1))
 
@@ -138,4 +148,5 @@ class Compound(Bilinear):
         n_a = fields.get("n_atoms")
         if not isinstance(n_a, int) or isinstance(n_a, bool) or n_a <= 0:
             raise ValueError(f"requires positive int metadata.dictcheck.bilinear.n_atoms, got {n_a!r}")
-        return {"U": ((n_a, d_in), True), "C": ((d_sae, n_a), True)}
+        glu = {"V": ((n_a, d_in), True)} if fields.get("atoms", "rank1") == "glu" else {}
+        return {"U": ((n_a, d_in), True), **glu, "C": ((d_sae, n_a), True)}

@@ -1,19 +1,21 @@
-"""Checks of the bilinear autoencoders (docs/bilinear.md §1–§8; issue 5 item 8).
+"""Checks of the bilinear autoencoders (docs/bilinear.md §1–§8, §12; issue 5 item 8, issue 16 items 2 and 4).
 
-Quick checks (no training): ``bilinear.kernel_exact`` (the kernel-trick loss and its gradient equal
-the naive lifted loss for every prior) and ``bilinear.hoyer_scale_invariant``. Full-suite checks
-train small models of :mod:`empirics.bilinear_models` with :func:`empirics.training.train` on the
-quadric toy (:mod:`empirics.quadric_toy`): ``bilinear.geometry_recovery``,
-``bilinear.prior_ordering`` and ``bilinear.subspace_stability``. Every model of these checks (each
-prior, the TopK SAE baseline, every seed, the α_H = 0 ablation) is trained by one protocol: the best
-of 2 restarts × 2 learning rates at 4000 steps by the final training objective (see ``_train``). It
-was fixed from training losses only, never tuned until a prediction holds: where a prediction
-fails, ``passed`` is False and ``finding`` says what was seen.
+Quick invariants (no training): ``bilinear.kernel_exact`` (the kernel-trick loss and its gradient equal
+the naive lifted loss for every prior, GLU-atom compound included), ``bilinear.hoyer_scale_invariant`` and
+``bilinear.prior_warm_start`` (equal-width embeddings of the priors are exact and descent from them never
+rises). Full-suite replications, each with a verdict, controls and a regime that says where it still
+differs from the authors': ``bilinear.geometry_recovery`` (span fraction of each planted form against its
+lifted-PCA ceiling), ``bilinear.prior_ordering`` (a D ≫ k toy with superposition),
+``bilinear.prior_ordering_real`` (SmolLM2 activations) and ``bilinear.subspace_stability``. The bilinear
+models of these train in the authors' regime (the workshop's mixed model, Muon; :func:`_train_muon`, one run
+each); the linear TopK baseline trains with the project's Adam loop, the best of one restart per learning
+rate by its final training objective (:func:`_train`). Nothing was tuned until a prediction held: where one
+fails, the verdict and ``finding`` say what was seen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,12 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.bilinear_models import hoyer_mean
+from dictcheck.empirics.bilinear_models import MuonConfig, hoyer_mean, train_muon
 from dictcheck.empirics.quadric_toy import QuadricToy, make_quadric_toy
 from dictcheck.empirics.training import TrainConfig, best_of_runs, torch_threads, train
+from dictcheck.proofs_checks.real_protocol import real_data
 from dictcheck.proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
-from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sources import BILINEAR_PAPER
 from dictcheck.solvers.form_matching import match_forms
 from dictcheck.theory.bilinear_lifted import (
@@ -34,8 +37,11 @@ from dictcheck.theory.bilinear_lifted import (
     hoyer_density,
     kernel_lifted_loss,
     lifted_loss_gradients,
+    lifted_principal_forms,
     naive_lifted_loss,
+    lifted_spectrum,
     normalise_tokens,
+    span_fraction,
 )
 from dictcheck.theory.form_similarity import subspace_similarity
 from dictcheck.theory.quadric_geometry import FactoredForms, LatentGeometry, readout
@@ -57,7 +63,6 @@ _BATCH = 512
 _LRS = (3e-3, 1e-2)
 _RESTARTS = 2
 _HOYER = 0.3
-_TOY = {"N": 4000, "D": 16}  # shapes: circle (m = 2), ellipsoid (3), hyperboloid (3); see quadric_toy
 _PROTOCOL = {"steps": _STEPS, "batch_size": _BATCH, "optimiser": "Adam, clip 1.0, loop lr schedule",
              "lr_candidates": list(_LRS), "restarts_per_lr": _RESTARTS, "dtype": "float32",
              "selection": "lowest final training objective on all N tokens (eval mode): bilinear nmse_lifted "
@@ -65,7 +70,6 @@ _PROTOCOL = {"steps": _STEPS, "batch_size": _BATCH, "optimiser": "Adam, clip 1.0
 
 KERNEL_TOL = 1e-10
 HOYER_TOL = 1e-12
-ANGLE_TOL_DEG = 10.0
 STABILITY_SIM = 0.9
 STABILITY_SEEDS = 3
 
@@ -94,25 +98,26 @@ def _training_objective(model: Any, metrics: dict[str, Any]) -> float:
 
 
 def _train_once(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, lr: float, options: dict[str, Any],
-                k: int | None) -> tuple[Any, dict[str, Any], list[float]]:
+                k: int | None, steps: int = _STEPS) -> tuple[Any, dict[str, Any], list[float]]:
     """One run of the project's loop (nothing written): (model, metrics, batch loss every 10%)."""
     opts = dict(options) if k is None else {**options, "k": k}
     model = build_model(arch, rows.shape[1], d_sae, opts, seed=int(seed), dtype=torch.float32)
-    cfg = TrainConfig(steps=_STEPS, batch_size=_BATCH, lr=lr, seed=int(seed), device="cpu", checkpoint_every=0,
-                      log_every=_STEPS // 10, keep_checkpoints=1)
+    cfg = TrainConfig(steps=steps, batch_size=_BATCH, lr=lr, seed=int(seed), device="cpu", checkpoint_every=0,
+                      log_every=max(1, steps // 10), keep_checkpoints=1)
     result = train(model, np.ascontiguousarray(rows), cfg, progress=False)
     return result.model, result.metrics, [round(float(rec["loss"]), 4) for rec in result.log]
 
 
 def _train(rows: np.ndarray, arch: str, d_sae: int, *, seed: int, options: dict[str, Any] | None = None,
-           k: int | None = None) -> _Trained:
-    """The protocol: _RESTARTS seeds (seed·_RESTARTS + r, distinct across base seeds) × _LRS; keep the
+           k: int | None = None, restarts: int = _RESTARTS, steps: int = _STEPS) -> _Trained:
+    """The protocol: ``restarts`` seeds (seed·_RESTARTS + r, distinct across base seeds) × _LRS; keep the
     run with the lowest :func:`_training_objective` (the first on a tie; :func:`best_of_runs`)."""
-    candidates = [(lr, int(seed) * _RESTARTS + r) for lr in _LRS for r in range(_RESTARTS)]
+    candidates = [(lr, int(seed) * _RESTARTS + r) for lr in _LRS for r in range(restarts)]
     with torch_threads(1):
         best = best_of_runs(
             candidates,
-            lambda c: _train_once(rows, arch, d_sae, seed=c[1], lr=c[0], options=dict(options or {}), k=k),
+            lambda c: _train_once(rows, arch, d_sae, seed=c[1], lr=c[0], options=dict(options or {}), k=k,
+                                  steps=steps),
             lambda fit: _training_objective(fit[0], fit[1]))
     runs = [{"lr": lr, "seed": run_seed, "training_objective": objective, "batch_loss_every_10pct": fit[2]}
             for (lr, run_seed), objective, fit in zip(candidates, best.objectives, best.results)]
@@ -129,36 +134,25 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(float).tiny))
 
 
-def lifted_pca_floor(rows: np.ndarray, d: int) -> float:
-    """The lowest lifted NMSE any d forms can reach: 1 − (top-d uncentred eigenvalues of the lifts)/N.
-
-    The tied decoder is a linear autoencoder of the lifts vec(xxᵀ) (§1), whose optimum is their top-d
-    principal subspace; a reference for how well training went (D² × D² is tiny here).
-    """
-    T = np.einsum("ni,nj->nij", rows, rows).reshape(rows.shape[0], -1)
-    s = np.linalg.svd(T, compute_uv=False) ** 2 / rows.shape[0]
-    return float(1.0 - np.sum(s[:d]) / np.sum(s))
-
-
 # ------------------------------------------------------------------------------------------------
 # bilinear.kernel_exact
 
-_PRIOR_CASES = (("bilinear-quadratic", "symmetric"), ("bilinear-quadratic", "asymmetric"),
-                ("bilinear-atomic", "symmetric"), ("bilinear-compound", "symmetric"))
+#: (architecture, decoder, compound atoms): every prior, both GLU decoders, and the compound prior with GLU atoms
+#: (the authors' mixed model, issue 16) under both decoders.
+_PRIOR_CASES = (("bilinear-quadratic", "symmetric", None), ("bilinear-quadratic", "asymmetric", None),
+                ("bilinear-atomic", "symmetric", None), ("bilinear-compound", "symmetric", "rank1"),
+                ("bilinear-compound", "symmetric", "glu"), ("bilinear-compound", "asymmetric", "glu"))
 
 
 def _naive_torch_loss(model: Any, x: torch.Tensor) -> torch.Tensor:
     """The oracle with autograd: forms W_j built explicitly, T̂ = Σ_j z_j W_j formed (N·D² memory)."""
     xn, _ = model.normalise(x)
     U = model.U
-    if model.prior == "quadratic":
-        W = torch.einsum("jd,je->jde", U, model.V)
-        if model.decoder == "symmetric":
-            W = 0.5 * (W + W.transpose(1, 2))
-    else:
-        W = torch.einsum("jd,je->jde", U, U)
-        if model.prior == "compound":
-            W = torch.einsum("kj,jde->kde", model.effective_C(), W)
+    W = torch.einsum("jd,je->jde", U, U if model.V is None else model.V)
+    if model.V is not None and model.decoder == "symmetric":
+        W = 0.5 * (W + W.transpose(1, 2))
+    if model.prior == "compound":
+        W = torch.einsum("kj,jde->kde", model.effective_C(), W)
     z = torch.einsum("nd,jde,ne->nj", xn, W, xn)
     T = torch.einsum("nd,ne->nde", xn, xn)
     return ((T - torch.einsum("nj,jde->nde", z, W)) ** 2).sum() / xn.shape[0]
@@ -173,15 +167,16 @@ def _grads(model: Any, loss: torch.Tensor) -> dict[str, np.ndarray]:
 def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dict[str, Any]]:
     """Seeded random shapes for every prior and decoder; one row of errors per case."""
     rows = []
-    for arch, decoder in _PRIOR_CASES:
+    for arch, decoder, atoms in _PRIOR_CASES:
         for _ in range(per_prior):
             N, D, d = int(rng.integers(2, 13)), int(rng.integers(2, 7)), int(rng.integers(1, 8))
             options: dict[str, Any] = {"hoyer_coef": 0.0, "tile": int(rng.integers(0, d + 1))}
-            if arch == "bilinear-quadratic":
+            if arch != "bilinear-atomic":
                 options["decoder"] = decoder
-            if arch == "bilinear-compound":
+            if arch == "bilinear-compound":  # k_c = n_a (dense C) is drawn too
                 n_a = int(rng.integers(1, 9))
-                options.update(n_atoms=n_a, k_c=int(rng.integers(1, n_a + 1)), tile=int(rng.integers(0, n_a + 1)))
+                options.update(n_atoms=n_a, k_c=int(rng.integers(1, n_a + 1)), tile=int(rng.integers(0, n_a + 1)),
+                               atoms=atoms)
             model = build_model(arch, D, d, options, seed=int(rng.integers(2**31)), dtype=torch.float64)
             with torch.no_grad():  # generic (non-orthogonal) weights
                 for p in model.parameters():
@@ -196,7 +191,7 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
             naive = naive_lifted_loss(Xn, dic.forms())
             closed = lifted_loss_gradients(Xn, dic)
             rows.append({
-                "arch": arch, "decoder": decoder, "N": N, "D": D, "d_sae": d, "options": options,
+                "arch": arch, "decoder": decoder, "atoms": atoms, "N": N, "D": D, "d_sae": d, "options": options,
                 "loss_model_vs_naive": abs(float(out.mse.detach()) - naive) / abs(naive),
                 "loss_theory_kernel_vs_naive": abs(kernel_lifted_loss(Xn, dic, tile=options["tile"]) - naive) / abs(naive),
                 "grad_model_vs_naive": max(_rel_err(g_kernel[n], g_naive[n]) for n in g_naive),
@@ -209,7 +204,8 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
     "bilinear.kernel_exact",
     "Kernel-trick lifted loss and its gradient equal the naive lifted loss for every prior",
     "docs/bilinear.md §1, §3 (tiling §3, §9 pitfall 1)",
-    predicted=f"For quadratic (symmetric and asymmetric decoder), atomic and compound (top-k_c C) models with "
+    predicted=f"For quadratic (symmetric and asymmetric decoder), atomic, compound (top-k_c or dense C) and compound "
+    f"with GLU atoms (the authors' mixed model; symmetric and asymmetric decoder) models with "
     f"random shapes, random weights, random tiles and unnormalised tokens, in float64: the model's kernel loss, "
     f"the theory kernel loss, the model's autograd gradient and the closed-form gradients all equal the naive "
     f"lifted loss ‖T − Σ z_j W_j‖² (T̂ formed explicitly) and its autograd gradient to relative error < {KERNEL_TOL:g}.",
@@ -228,7 +224,7 @@ def bilinear_kernel_exact(ctx: CheckContext) -> Outcome:
         "leaves room for cancellation in the '− 2‖Z‖² + N' terms while any algebraic error is O(1).",
         passed=not bad, details={"cases": rows},
         finding=None if not bad else f"{len(bad)} cases exceed {KERNEL_TOL:g}: " + "; ".join(
-            f"{r['arch']}/{r['decoder']} N={r['N']} D={r['D']} d={r['d_sae']} {r['options']}" for r in bad[:5]),
+            f"{r['arch']}/{r['decoder']}/{r['atoms']} N={r['N']} D={r['D']} d={r['d_sae']} {r['options']}" for r in bad[:5]),
     )
 
 
@@ -286,10 +282,57 @@ def bilinear_hoyer_scale_invariant(ctx: CheckContext) -> Outcome:
 
 
 # ------------------------------------------------------------------------------------------------
+# The authors' regime (issue 16 item 2; docs/bilinear.md §8, §12): the workshop's "mixed" model with
+# 16·D GLU atoms u_j v_jᵀ, 2·D composites, a dense C, Hoyer on the atom activations and the asymmetric
+# (authors') decoder, trained with Muon (lr 0.01, momentum 0.95, no Nesterov, no weight decay, constant
+# then linear cooldown over the last half) for 1024 steps. One run per (model, seed): Muon is the
+# authors' optimiser and its steps are scale-free, so no lr grid (Decision; CPU budget).
+
+ATOMS_PER_D = 16
+COMPOSITES_PER_D = 2
+_MUON = MuonConfig(steps=1024, batch_size=512, lr=0.01, momentum=0.95, cooldown=0.5)
+_AUTHORS = {"optimiser": "torch.optim.Muon (no Nesterov, no weight decay, no clipping)", **asdict(_MUON),
+            "atoms_per_D": ATOMS_PER_D, "composites_per_D": COMPOSITES_PER_D, "hoyer_coef": _HOYER,
+            "dtype": "float32"}
+_REGIME_GAP = ("Still differs from the authors' (Qwen residual streams, D = 1024): "
+               "batches of at most 512 tokens instead of 32 × 256; float32 instead of bf16; our Hoyer term is added to the "
+               "loss (§5) where the authors' mixed model multiplies the loss terms by 1 − α·hoyer(f); orthogonal "
+               "unit-row init instead of Xavier.")
+
+
+def authors_mixed(D: int, *, hoyer_coef: float = _HOYER) -> tuple[str, int, dict[str, Any]]:
+    """(arch, d_sae, options) of the authors' mixed model at input dimension D."""
+    n_a = ATOMS_PER_D * D
+    return "bilinear-compound", COMPOSITES_PER_D * D, {
+        "n_atoms": n_a, "k_c": n_a, "atoms": "glu", "hoyer_on": "atoms", "decoder": "asymmetric",
+        "hoyer_coef": hoyer_coef}
+
+
+def decoder_rank_bound(d_sae: int, options: dict[str, Any]) -> int:
+    """rank 𝒲ᵀ𝒲 ≤ d_sae, and ≤ n_atoms for compound (its composites lie in the span of the atom forms)."""
+    return min(d_sae, options.get("n_atoms", d_sae))
+
+
+def _train_muon(rows: np.ndarray, arch: str, d_sae: int, options: dict[str, Any], seed: int,
+                cfg: MuonConfig = _MUON) -> tuple[Any, dict[str, Any]]:
+    """One Muon run (the authors' regime unless ``cfg`` says otherwise) of a bilinear model; (model, record)."""
+    cfg = replace(cfg, seed=int(seed))
+    with torch_threads(1):
+        model = build_model(arch, rows.shape[1], d_sae, options, seed=int(seed), dtype=torch.float32)
+        log = train_muon(model, rows, cfg)
+    return model, {"seed": int(seed), "batch_loss_every_10pct": [round(v, 4) for v in log]}
+
+
+def _symmetric_gaussian_forms(rng: np.random.Generator, d: int, D: int) -> np.ndarray:
+    G = rng.normal(size=(d, D, D))
+    return 0.5 * (G + G.transpose(0, 2, 1))
+
+
+# ------------------------------------------------------------------------------------------------
 # bilinear.geometry_recovery
 
-_GEO_MODEL = {"arch": "bilinear-compound", "d_sae": 24,
-              "options": {"n_atoms": 48, "k_c": 3, "hoyer_coef": _HOYER}}
+SPAN_FRACTION = 0.9
+_GEO_TOY = {"N": 4000, "D": 10}  # circle, ellipsoid, hyperboloid in R^10 (docs/bilinear.md §6a: the ceilings)
 
 
 def _largest_angle_deg(S: np.ndarray, E: np.ndarray) -> float:
@@ -301,136 +344,234 @@ def _largest_angle_deg(S: np.ndarray, E: np.ndarray) -> float:
 
 
 def geometry_table(toy: QuadricToy, forms: FactoredForms, geo: list[LatentGeometry]) -> list[dict[str, Any]]:
-    """Per planted component: the latent whose top-m |μ| eigenspace is closest to S_c (from the weights),
-    its label, and diagnostics (the latent most active on the component's tokens)."""
-    W = forms.dense()
-    Z = np.einsum("ni,kij,nj->kn", toy.rows, W, toy.rows)
-    S_all = np.concatenate(toy.bases, axis=1)
+    """The latent-level readout (details only): per planted component, the latent whose top-m |μ| eigenspace
+    is closest to S_c, its largest principal angle and its §6 label."""
     rows = []
     for c in range(len(toy.shapes)):
         S = toy.bases[c]
         angles = [_largest_angle_deg(S, g.eigenvectors) for g in geo]
-        # Containment: the fraction of S_c inside a latent's top-3 eigenspace, ‖E₃ᵀS‖²_F/m ∈ [0, 1].
-        contained = [float(np.sum((g.eigenvectors[:, :3].T @ S) ** 2) / S.shape[1]) for g in geo]
         best = int(np.argmin(angles))
-        active = int(np.argmax(np.mean(Z[:, toy.component == c] ** 2, axis=1)))
-        H = toy.planted_form(c)
-        rows.append({
-            "component": c, "shape": toy.shapes[c], "planted_label": toy.expected_label(c), "m": S.shape[1],
-            "best_latent": best, "best_angle_deg": angles[best], "best_label": geo[best].label,
-            "best_eigenvalues": [round(float(v), 4) for v in geo[best].eigenvalues[:4]],
-            "best_cos_to_planted_form": float(np.sum(W[best] * H) / np.linalg.norm(W[best]) / np.linalg.norm(H)),
-            "max_fraction_of_S_in_a_top3_eigenspace": max(contained),
-            "best_top3_in_linear_complement": float(1.0 - np.sum((S_all.T @ geo[best].eigenvectors[:, :3]) ** 2)
-                                                    / geo[best].eigenvectors[:, :3].shape[1]),
-            "most_active_latent": active, "most_active_angle_deg": angles[active],
-            "most_active_label": geo[active].label,
-            "labels_of_latents_within_10deg": sorted({geo[j].label for j, a in enumerate(angles) if a < ANGLE_TOL_DEG}),
-        })
+        rows.append({"component": c, "shape": toy.shapes[c], "planted_label": toy.expected_label(c),
+                     "best_latent": best, "best_angle_deg": angles[best], "best_label": geo[best].label})
     return rows
 
 
-def _recovery_fails(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in table if r["best_angle_deg"] >= ANGLE_TOL_DEG or r["best_label"] != r["planted_label"]]
-
-
-def _geometry_run(toy: QuadricToy, hoyer_coef: float, seed: int) -> dict[str, Any]:
-    """Train the geometry model with the protocol at ``hoyer_coef``; its readout, table and record."""
-    t = _train(toy.rows, _GEO_MODEL["arch"], _GEO_MODEL["d_sae"], seed=seed,
-               options=_GEO_MODEL["options"] | {"hoyer_coef": hoyer_coef})
-    forms = FactoredForms.from_dictionary(t.model.dictionary())
-    geo = readout(forms)
-    return {"geo": geo, "table": geometry_table(toy, forms, geo),
-            "label_counts": {lab: sum(g.label == lab for g in geo) for lab in sorted({g.label for g in geo})},
-            "nmse_lifted": t.metrics.get("nmse_lifted"), "hoyer_density": t.metrics.get("hoyer_density"),
-            "training": t.record()}
-
-
-def _angles_text(table: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{r['shape']} {r['best_angle_deg']:.1f}° ({r['best_label']})" for r in table)
+def _fractions(W: np.ndarray, planted: list[np.ndarray]) -> list[float]:
+    return [span_fraction(W, H) for H in planted]
 
 
 @check(
     "bilinear.geometry_recovery",
-    "Quadric toy: planted subspaces and shapes are read off the weights",
-    "docs/bilinear.md §6; issue 5 item 8",
-    predicted=f"A compound model ({_GEO_MODEL['d_sae']} composites, {_GEO_MODEL['options']['n_atoms']} atoms, "
-    f"k_c = {_GEO_MODEL['options']['k_c']}, α_H = {_HOYER}) trained on the quadric toy (circle, ellipsoid, "
-    f"hyperboloid sheet in orthogonal random subspaces of R^16, plus linear features): for every planted "
-    f"component some latent's top-m |μ| eigenspace lies within {ANGLE_TOL_DEG}° (largest principal angle) of the "
-    f"planted subspace, and that latent's §6 label equals the planted shape's (ellipsoid, ellipsoid, hyperboloid).",
+    "Quadric toy: every planted form that an optimal model of this size can hold lies in the learned span",
+    "docs/bilinear.md §6, §6a (span fraction, lifted-PCA ceiling); issue 16 item 2",
+    predicted=f"The authors' mixed model (16·D GLU atoms, 2·D = 20 composites, dense C, Hoyer α_H = {_HOYER} on the "
+    f"atoms, Muon) trained on the quadric toy in R^{_GEO_TOY['D']}: for every planted form H_c whose lifted-PCA "
+    f"ceiling (the fraction of H_c inside the top-20 principal forms of the token lifts, what an optimal 20-form "
+    f"model holds) is ≥ {SPAN_FRACTION}, the fraction of H_c inside the span of the 20 learned forms is ≥ "
+    f"{SPAN_FRACTION}. A form whose ceiling is below {SPAN_FRACTION} is reported, not decided (no model of this "
+    f"size holds it).",
     quick=False,
     kind="replication",
-    source=f"{BILINEAR_PAPER}: quadratic latents recover ellipsoids and hyperboloids from the weights",
-    regime="quadric toy (D = 16), compound model, our CPU training budget (not the authors' sizes, optimiser or "
-    "GLU atoms; issue 16)",
+    source=f"{BILINEAR_PAPER}: quadratic latents recover the planted ellipsoids and hyperboloids from the weights",
+    regime=f"quadric toy (D = {_GEO_TOY['D']}, N = {_GEO_TOY['N']}: circle, ellipsoid, hyperboloid sheet + linear "
+    f"filler), the authors' mixed model and Muon (1024 steps, one run). {_REGIME_GAP}",
 )
 def bilinear_geometry_recovery(ctx: CheckContext) -> Outcome:
-    toy = make_quadric_toy(seed=ctx.seed, **_TOY)
-    main = _geometry_run(toy, _HOYER, ctx.seed)
-    ablation = _geometry_run(toy, 0.0, ctx.seed)  # details only: does the Hoyer term move latents off the forms?
-    geo, table, counts = main["geo"], main["table"], main["label_counts"]
-    fails = _recovery_fails(table)
-    names = dict(enumerate(toy.shapes)) | {-1: "linear only"}
+    toy = make_quadric_toy(seed=ctx.seed, **_GEO_TOY)
+    planted = [toy.planted_form(c) for c in range(len(toy.shapes))]
+    arch, d, options = authors_mixed(toy.D)
+    rank = decoder_rank_bound(d, options)
+    principal, evals = lifted_principal_forms(toy.rows, rank)
+    ceiling = _fractions(principal, planted)
+    model, record = _train_muon(toy.rows, arch, d, options, ctx.seed)
+    learned = _fractions(model.forms(), planted)
+    decidable = [c for c, g in enumerate(ceiling) if g >= SPAN_FRACTION]
+    fails = [c for c in decidable if learned[c] < SPAN_FRACTION]
+    rng = ctx.rng("bilinear.geometry_recovery")
+    random_frac = _fractions(_symmetric_gaussian_forms(rng, d, toy.D), planted)
+    other = make_quadric_toy(seed=ctx.seed + 1000, **_GEO_TOY)  # other random subspaces: a shuffled truth
+    shuffled = _fractions(model.forms(), [other.planted_form(c) for c in range(len(other.shapes))])
+    given = _fractions(np.concatenate([np.stack(planted), principal[: d - len(planted)]]), planted)
+    chance = d / (toy.D * (toy.D + 1) / 2)
+    names = toy.shapes
+    controls = [
+        Control("ceiling", "precondition", f"at least one planted form has a lifted-PCA ceiling ≥ {SPAN_FRACTION}",
+                "ceilings " + ", ".join(f"{n} {g:.3f}" for n, g in zip(names, ceiling)), bool(decidable)),
+        Control("given the planted forms", "positive", f"a {d}-form dictionary holding the planted forms (filled up "
+                f"with principal forms) scores ≥ {SPAN_FRACTION} on every form",
+                ", ".join(f"{n} {f:.3f}" for n, f in zip(names, given)), min(given) >= SPAN_FRACTION),
+        Control("random forms", "negative", f"{d} Gaussian symmetric forms score < {SPAN_FRACTION} on every form "
+                f"(chance d/(D(D+1)/2) = {chance:.2f})", ", ".join(f"{n} {f:.3f}" for n, f in zip(names, random_frac)),
+                max(random_frac) < SPAN_FRACTION),
+        Control("shuffled truth", "negative", f"the learned span scores < {SPAN_FRACTION} on the planted forms of a "
+                f"toy drawn with seed + 1000 (other subspaces)", ", ".join(f"{n} {f:.3f}" for n, f in zip(names, shuffled)),
+                max(shuffled) < SPAN_FRACTION),
+    ]
+    forms = FactoredForms.from_dictionary(model.dictionary())
+    geo = readout(forms)
+    table = geometry_table(toy, forms, geo)
     fig = plot_latent_projections(
         ctx.figure_path("bilinear_geometry_recovery.png"), toy.rows,
         [ProjectionPanel(geo[r["best_latent"]].eigenvectors, f"{r['shape']}: latent {r['best_latent']} "
                          f"({r['best_label']}, {r['best_angle_deg']:.1f}°)") for r in table],
-        labels=toy.component, label_names=names,
+        labels=toy.component, label_names=dict(enumerate(toy.shapes)) | {-1: "linear only"},
         title="Normalised tokens on the top-3 |μ| eigenvectors of the latent closest to each planted subspace")
+    undecided = [names[c] for c in range(len(names)) if c not in decidable]
+    nmse = kernel_lifted_loss(toy.rows, model.dictionary())
+    floor = float(1.0 - np.sum(evals[:rank]))
     finding = None
-    if fails:
-        n_abl = len(_recovery_fails(ablation["table"]))
-        finding = (
-            "Not recovered as predicted: " + "; ".join(
-                f"{r['shape']}: closest latent {r['best_latent']} at {r['best_angle_deg']:.1f}° labelled "
-                f"{r['best_label']} (planted {r['planted_label']}, top |μ| {r['best_eigenvalues']}; at most "
-                f"{r['max_fraction_of_S_in_a_top3_eigenspace']:.2f} of the planted subspace lies in any latent's "
-                f"top-3 eigenspace)" for r in fails)
-            + f". Labels of all {len(geo)} latents: {counts}. The top eigenvectors of the closest latents put a "
-            "fraction " + ", ".join(f"{r['best_top3_in_linear_complement']:.2f}" for r in table)
-            + " of their energy in the linear-feature complement, consistent with fitting the cross terms "
-            f"x_S x_linᵀ of the lift. Ablation α_H = 0 (same protocol, not the verdict): {_angles_text(ablation['table'])}"
-            f", {n_abl} of {len(table)} components missed, labels {ablation['label_counts']}, lifted NMSE "
-            f"{ablation['nmse_lifted']:.4f} vs {main['nmse_lifted']:.4f} at α_H = {_HOYER}"
-            + (f" — without the Hoyer term {n_abl} of {len(table)} components are still missed, so the Hoyer term "
-               "alone does not explain the miss." if n_abl else
-               " — without the Hoyer term every planted form is recovered, so the Hoyer term is what moves the "
-               "latents off them.")
-        )
-    return Outcome(
-        measured={r["shape"]: {"angle_deg": round(r["best_angle_deg"], 2), "label": r["best_label"]} for r in table},
-        tolerance={"largest_principal_angle_deg": ANGLE_TOL_DEG, "label": "exact"},
-        tolerance_reason="10° is the issue's bound; the §6 label uses τ_eig = 1e-6 exactly as specified.",
-        passed=not fails, finding=finding, figures=[_rel(fig, ctx)],
-        details={"table": table, "nmse_lifted": main["nmse_lifted"], "hoyer_density": main["hoyer_density"],
-                 "lifted_pca_floor_same_d": lifted_pca_floor(toy.rows, _GEO_MODEL["d_sae"]),
-                 "label_counts": counts, "training": main["training"],
-                 "ablation_hoyer_0": {k: v for k, v in ablation.items() if k != "geo"},
-                 "toy": toy.params, "model": _GEO_MODEL, "protocol": _PROTOCOL},
+    if fails or undecided:
+        finding = "; ".join(
+            [f"{names[c]}: {learned[c]:.3f} of the planted form in the learned span against a ceiling of "
+             f"{ceiling[c]:.3f}" for c in fails]
+            + [f"{n}: not decidable here, its ceiling is {ceiling[names.index(n)]:.3f} (the planted form is a "
+               f"low-variance direction of the lift; the learned span holds {learned[names.index(n)]:.3f})"
+               for n in undecided])
+    return Outcome.for_replication(
+        claim_holds=bool(decidable) and not fails, controls=controls,
+        measured={n: {"span_fraction": round(f, 4), "ceiling": round(g, 4)} for n, f, g in zip(names, learned, ceiling)},
+        tolerance={"span_fraction_at_least": SPAN_FRACTION, "decided_when_ceiling_at_least": SPAN_FRACTION},
+        tolerance_reason="0.9 of the form's Frobenius mass: the issue's span-level bar; a form that no optimal "
+        "model of this size holds to 0.9 cannot be asked of a trained one.",
+        finding=finding, figures=[_rel(fig, ctx)],
+        details={"span_fraction": dict(zip(names, learned)), "ceiling": dict(zip(names, ceiling)),
+                 "decidable": [names[c] for c in decidable], "nmse_lifted": nmse, "lifted_pca_floor_same_rank": floor,
+                 "random_forms": dict(zip(names, random_frac)), "shuffled_truth": dict(zip(names, shuffled)),
+                 "chance_fraction": chance, "latent_readout": table, "model": {"arch": arch, "d_sae": d, **options},
+                 "training": record, "toy": toy.params, "regime": _AUTHORS},
     )
 
 
 # ------------------------------------------------------------------------------------------------
-# bilinear.prior_ordering
+# bilinear.prior_warm_start (invariant) and bilinear.prior_ordering (replication)
 
-#: Equal parameter budget P = 512 at D = 16 (§2 parameter counts): GLU 2·d_z·D, atomic d_z·D,
-#: compound n_a·D + nnz(C) = n_a·D + k_c·d_z, TopK SAE 2·d_sae·D (+ d_sae + D biases, not counted).
-BUDGET = 512
-_ORDER_MODELS = {
-    "compound": {"arch": "bilinear-compound", "d_sae": 32, "options": {"n_atoms": 24, "k_c": 4, "hoyer_coef": _HOYER}},
-    "quadratic": {"arch": "bilinear-quadratic", "d_sae": 16, "options": {"hoyer_coef": _HOYER}},
-    "atomic": {"arch": "bilinear-atomic", "d_sae": 32, "options": {"hoyer_coef": _HOYER}},
-    "topk": {"arch": "topk", "d_sae": 16, "k": 4},
-}
-TOPK_DIAGNOSTIC_K = (1, 2)
+WARM_STEPS = 200
+WARM_TOL = 1e-12
+ARMIJO = 1e-4  # sufficient-decrease constant of the backtracking line search
+MAX_HALVINGS = 50
 
 
-def _parameter_count(name: str, spec: dict[str, Any], D: int) -> int:
-    d = spec["d_sae"]
-    if name == "compound":
-        return spec["options"]["n_atoms"] * D + spec["options"]["k_c"] * d
-    return {"quadratic": 2 * d * D, "atomic": d * D, "topk": 2 * d * D}[name]
+def _embed(poor: BilinearDictionary, richer: str) -> BilinearDictionary:
+    """The poorer prior's dictionary written in the richer one at equal width (same forms exactly):
+    atomic → quadratic (V = U); atomic → compound (C = I); rank-1 compound → GLU compound (V = U);
+    quadratic → GLU compound (C = I)."""
+    U, V, C = poor.U, poor.V, poor.C
+    if richer == "quadratic":
+        return BilinearDictionary("quadratic", U, U, decoder="symmetric")
+    if richer == "compound-glu":
+        return BilinearDictionary("compound", U, U if V is None else V,
+                                  np.eye(U.shape[0]) if C is None else C, decoder=poor.decoder)
+    return BilinearDictionary("compound", U, C=np.eye(U.shape[0]))
+
+
+def _descend(X: np.ndarray, dictionary: BilinearDictionary) -> tuple[list[float], BilinearDictionary, int]:
+    """Full-batch gradient descent on the kernel loss (closed-form gradients, C dense, float64) with an Armijo
+    backtracking line search (step 1 halved until L(θ − t g) ≤ L(θ) − ARMIJO·t‖g‖², at most MAX_HALVINGS
+    times), WARM_STEPS steps; (the loss before each step and after the last, the final dictionary, the number
+    of steps where no decrease was found although ‖g‖ > 1e-8: a wrong gradient)."""
+    d = dictionary
+    losses = [kernel_lifted_loss(X, d)]
+    no_descent = 0
+    for _ in range(WARM_STEPS):
+        g = lifted_loss_gradients(X, d)
+        gg = float(sum(np.sum(v * v) for v in g.values()))
+        t, accepted = 1.0, None
+        for _ in range(MAX_HALVINGS):
+            trial = BilinearDictionary(d.prior, decoder=d.decoder, **{
+                n: getattr(d, n) - t * g[n] if n in g else getattr(d, n) for n in ("U", "V", "C")})
+            loss = kernel_lifted_loss(X, trial)
+            if loss <= losses[-1] - ARMIJO * t * gg:
+                accepted = (trial, loss)
+                break
+            t *= 0.5
+        if accepted is None:
+            no_descent += int(gg > 1e-16)
+            losses.append(losses[-1])
+            continue
+        d = accepted[0]
+        losses.append(accepted[1])
+    return losses, d, no_descent
+
+
+_WARM_PATHS = (("atomic", "quadratic"), ("atomic", "compound"), ("compound", "compound-glu"),
+               ("quadratic", "compound-glu"))
+WARM_SHAPE = {"N": 96, "D": 5, "d": 6}
+
+
+def warm_start_rows(rng: np.random.Generator) -> list[dict[str, Any]]:
+    """For each path poorer → richer: descend the poorer prior from random weights, embed its solution in the
+    richer prior at equal width (:func:`_embed`), descend that; the losses at the embedding and after."""
+    N, D, d = WARM_SHAPE["N"], WARM_SHAPE["D"], WARM_SHAPE["d"]
+    X = normalise_tokens(rng.normal(size=(N, D)) * np.exp(rng.normal(size=D)))[0]  # anisotropic tokens
+    out = []
+    for poor, rich in _WARM_PATHS:
+        U = 0.5 * rng.normal(size=(d, D))
+        start = {"atomic": BilinearDictionary("atomic", U),
+                 "quadratic": BilinearDictionary("quadratic", U, 0.5 * rng.normal(size=(d, D))),
+                 "compound": BilinearDictionary("compound", U, C=0.5 * rng.normal(size=(d, d)))}[poor]
+        p, solved, _ = _descend(X, start)
+        r, _, no_descent = _descend(X, _embed(solved, rich))
+        out.append({"poorer": poor, "richer": rich, "poorer_loss": p[-1], "embedding_gap": abs(r[0] - p[-1]),
+                    "richer_after": r[-1], "max_step_rise": max(b - a for a, b in zip(r, r[1:])),
+                    "steps_without_descent": no_descent})
+    return out
+
+
+@check(
+    "bilinear.prior_warm_start",
+    "At equal width the richer prior warm-started from the poorer prior's solution does not raise the loss",
+    "docs/bilinear.md §2 (priors), §12 (nesting); issue 16 item 2",
+    predicted=f"For atomic → quadratic (V = U), atomic → compound (C = I), rank-1 compound → GLU-atom compound "
+    f"(V = U) and quadratic → GLU-atom compound (C = I), at equal width: the embedded dictionary has exactly the "
+    f"poorer prior's lifted loss (gap < {WARM_TOL:g}), and {WARM_STEPS} full-batch gradient steps on the richer "
+    f"prior (closed-form gradients, Armijo backtracking, float64) never raise it: every step finds a decrease "
+    f"wherever the gradient is nonzero (a wrong gradient would not) and the richer prior ends at or below the "
+    f"poorer prior's loss.",
+    kind="invariant",
+    source="docs/bilinear.md §2: each richer prior contains the poorer at equal width",
+    regime=f"random anisotropic unit tokens (N = {WARM_SHAPE['N']}, D = {WARM_SHAPE['D']}), width "
+    f"{WARM_SHAPE['d']}, α_H = 0, no training loop",
+)
+def bilinear_prior_warm_start(ctx: CheckContext) -> Outcome:
+    rows = warm_start_rows(ctx.rng("bilinear.prior_warm_start"))
+    gap = max(r["embedding_gap"] for r in rows)
+    rise = max(r["max_step_rise"] for r in rows)
+    stuck = sum(r["steps_without_descent"] for r in rows)
+    passed = gap < WARM_TOL and rise < WARM_TOL and stuck == 0
+    return Outcome(
+        measured={"max_embedding_gap": gap, "max_step_rise": rise, "steps_without_descent": stuck,
+                  "loss": {f"{r['poorer']}→{r['richer']}": [round(r["poorer_loss"], 6), round(r["richer_after"], 6)]
+                           for r in rows}},
+        tolerance=WARM_TOL, tolerance_reason="the embedding is exact (same forms); along a correct gradient a "
+        "sufficient decrease exists for a small enough step, so 'no descent found' means a wrong gradient.",
+        passed=passed, details={"paths": rows, "steps": WARM_STEPS, "armijo": ARMIJO, "max_halvings": MAX_HALVINGS},
+        finding=None if passed else f"embedding gap {gap:.3g}, largest step rise {rise:.3g}, {stuck} steps without "
+        "descent",
+    )
+
+
+#: D ≫ k with heavy superposition: each token is a quadric point (≤ 3 of 24 directions) plus 2 of 64 linear
+#: features packed into the 16-dim complement (4× superposition); 8 tokens in 10 carry a quadric.
+_ORDER_TOY = {"N": 4000, "D": 24, "n_linear": 64, "k_linear": 2}
+ORDER_TRAINING_GAIN = 0.05
+
+
+def _order_models(D: int) -> dict[str, tuple[str, int, dict[str, Any]]]:
+    """Equal width 2·D for every prior: the authors' mixed model (compound), GLU (quadratic, the authors'
+    asymmetric decoder) and atomic, each with Hoyer α_H = _HOYER."""
+    d = COMPOSITES_PER_D * D
+    return {"compound": authors_mixed(D), "quadratic": ("bilinear-quadratic", d, {"decoder": "asymmetric",
+                                                                                   "hoyer_coef": _HOYER}),
+            "atomic": ("bilinear-atomic", d, {"hoyer_coef": _HOYER})}
+
+
+def matched_topk_k(eta: float, d_sae: int) -> int:
+    """k of a TopK SAE of width d_sae at the per-latent Hoyer density η of a bilinear model: a latent active on a
+    fraction p of the tokens with equal magnitudes has η = (√(pN) − 1)/(√N − 1) ≈ √p, so k = round(η²·d_sae)
+    clipped to [1, d_sae] (docs/bilinear.md §12)."""
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"a Hoyer density lies in [0, 1], got {eta}")
+    return int(min(d_sae, max(1, round(eta * eta * d_sae))))
 
 
 def lifted_nmse_of_reconstruction(rows: np.ndarray, x_hat: np.ndarray) -> float:
@@ -440,114 +581,215 @@ def lifted_nmse_of_reconstruction(rows: np.ndarray, x_hat: np.ndarray) -> float:
     return float(np.mean(1.0 - 2.0 * np.sum(rows * x_hat, axis=1) ** 2 + np.sum(x_hat * x_hat, axis=1) ** 2))
 
 
-def _topk_lifted_nmse(rows: np.ndarray, d_sae: int, k: int, seed: int) -> tuple[float, dict[str, Any]]:
-    """Train a linear TopK SAE on the unit tokens (the protocol); (its lifted NMSE, training record)."""
-    t = _train(rows, "topk", d_sae, seed=seed, k=k)
+def _topk_lifted_nmse(rows: np.ndarray, d_sae: int, k: int, seed: int, eval_rows: np.ndarray | None = None,
+                      steps: int = _STEPS) -> tuple[float, dict[str, Any]]:
+    """Train a linear TopK SAE on the unit tokens (the Adam protocol, one restart per lr, ``steps`` steps); (its
+    lifted NMSE on ``eval_rows`` (default the training rows), training record)."""
+    t = _train(rows, "topk", d_sae, seed=seed, k=k, restarts=1, steps=steps)
+    ev = rows if eval_rows is None else eval_rows
     with torch.no_grad():
-        x_hat = t.model(torch.from_numpy(rows).to(torch.float32)).x_hat.double().numpy()
-    return lifted_nmse_of_reconstruction(rows, x_hat), t.record()
+        x_hat = t.model(torch.from_numpy(ev).to(torch.float32)).x_hat.double().numpy()
+    return lifted_nmse_of_reconstruction(ev, x_hat), t.record()
 
 
-def _decoder_rank_bound(spec: dict[str, Any]) -> int:
-    """rank 𝒲ᵀ𝒲 ≤ d_sae, and ≤ n_atoms for compound (its composites lie in the span of the atom lifts)."""
-    return min(spec["d_sae"], spec["options"].get("n_atoms", spec["d_sae"]))
+def lifted_pca_floor(rows: np.ndarray, d: int) -> float:
+    """The lowest lifted NMSE any d forms can reach on ``rows``: 1 − (top-d eigenvalues of the lifts' second
+    moment), docs/bilinear.md §6a."""
+    return float(1.0 - np.sum(lifted_spectrum(rows)[:d]))
+
+
+def _chunk_hoyer(Z: np.ndarray, chunk: int) -> float:
+    """Mean over chunks of ``chunk`` tokens of η̄ (the training N, §5: compare densities at equal N)."""
+    return float(np.mean([hoyer_density(Z[i:i + chunk]).mean for i in range(0, Z.shape[0] - chunk + 1, chunk)]))
+
+
+HOYER_SAMPLE = 4096  # tokens on which a model's latent Hoyer density is measured (chunks of the batch size)
+
+
+def _ordering_table(train_rows: np.ndarray, eval_rows: np.ndarray, models: dict[str, tuple[str, int, dict[str, Any]]],
+                    cfg: MuonConfig, seed: int, topk_steps: int) -> dict[str, dict[str, Any]]:
+    """Train every prior (Muon) and the TopK SAE at matched density (k from the compound model's η̄) and at the
+    sparsest prior's density (a diagnostic; the same run when k coincides); lifted NMSE on ``eval_rows``, init
+    NMSE, floor at the rank bound."""
+    table: dict[str, dict[str, Any]] = {}
+    D = train_rows.shape[1]
+    for name, (arch, d, options) in models.items():
+        init = build_model(arch, D, d, options, seed=seed, dtype=torch.float64).dictionary()
+        model, record = _train_muon(train_rows, arch, d, options, seed, cfg)
+        dic = model.dictionary()
+        rank = decoder_rank_bound(d, options)
+        table[name] = {"arch": arch, "d_sae": d, **options, "nmse_lifted": kernel_lifted_loss(eval_rows, dic),
+                       "nmse_lifted_init": kernel_lifted_loss(eval_rows, init), "decoder_rank_bound": rank,
+                       "lifted_pca_floor": lifted_pca_floor(eval_rows, rank),
+                       "hoyer_density_latents": _chunk_hoyer(dic.latents(train_rows[:HOYER_SAMPLE]), cfg.batch_size),
+                       "training": record}
+    d = models["compound"][1]
+    etas = {name: table[name]["hoyer_density_latents"] for name in models}
+    for key, eta in (("topk", etas["compound"]), ("topk_sparsest_density", min(etas.values()))):
+        k = matched_topk_k(eta, d)
+        if key != "topk" and k == table["topk"]["k"]:
+            table[key] = {**table["topk"], "matched_hoyer_density": eta}
+            continue
+        nmse, record = _topk_lifted_nmse(train_rows, d, k, seed, eval_rows, topk_steps)
+        table[key] = {"arch": "topk", "d_sae": d, "k": k, "matched_hoyer_density": eta, "nmse_lifted": nmse,
+                      "training": record, "steps": topk_steps}
+    return table
+
+
+def _ordering_outcome(table: dict[str, dict[str, Any]], **details: Any) -> Outcome:
+    """The verdict of an ordering table (:func:`_ordering_table`): the claim, feasibility, controls."""
+    n = {key: v["nmse_lifted"] for key, v in table.items()}
+    order = {"compound < atomic": n["compound"] < n["atomic"], "quadratic < atomic": n["quadratic"] < n["atomic"],
+             "atomic < topk": n["atomic"] < n["topk"]}
+    bilinear = [key for key, v in table.items() if v["arch"] != "topk"]
+    floor = min(table[key]["lifted_pca_floor"] for key in bilinear)
+    d, k = table["topk"]["d_sae"], table["topk"]["k"]
+    gains = {key: table[key]["nmse_lifted_init"] - n[key] for key in bilinear}
+    inits = {key: table[key]["nmse_lifted_init"] for key in bilinear}
+    controls = [
+        Control("feasible", "precondition", f"the lifted-PCA floor at width {d} (the best any {d} forms reach) is "
+                "below the matched TopK SAE's NMSE", f"floor {floor:.4f}, TopK (k = {k}) {n['topk']:.4f}",
+                floor < n["topk"]),
+        Control("training moves every prior", "positive", f"each bilinear model's NMSE falls by ≥ "
+                f"{ORDER_TRAINING_GAIN} from its init", ", ".join(f"{key} {v:.3f}" for key, v in gains.items()),
+                min(gains.values()) >= ORDER_TRAINING_GAIN),
+        Control("untrained models", "negative", "no untrained bilinear model beats the trained TopK SAE (the metric "
+                "does not hand the bilinear models the order)", ", ".join(f"{key} {v:.3f}" for key, v in inits.items())
+                + f" vs TopK {n['topk']:.3f}", min(inits.values()) > n["topk"]),
+    ]
+    claim = all(order.values())
+    sparse = table["topk_sparsest_density"]
+    return Outcome.for_replication(
+        claim_holds=claim, controls=controls,
+        measured={"nmse_lifted": {key: round(v, 4) for key, v in n.items()}, "order_holds": order, "topk_k": k,
+                  "lifted_pca_floor": round(floor, 4)},
+        tolerance="strict order of the measured NMSEs",
+        tolerance_reason="the claim is an ordering; the table (floors, init NMSEs, densities) shows how near a tie is.",
+        finding=None if claim else "Ordering fails: " + ", ".join(key for key, v in order.items() if not v)
+        + f" (NMSE {', '.join(f'{key} {v:.4f}' for key, v in n.items())}; lifted-PCA floor at width {d}: {floor:.4f}; "
+        f"TopK k = {k} from the mixed model's latent Hoyer density {table['topk']['matched_hoyer_density']:.3f}; at "
+        f"the sparsest prior's density {sparse['matched_hoyer_density']:.3f} the TopK SAE (k = {sparse['k']}) "
+        f"reaches {sparse['nmse_lifted']:.4f}).",
+        details={"table": table, "topk_protocol": _PROTOCOL,
+                 "topk_lift": "x̂x̂ᵀ of the SAE reconstruction of the unit token (sign-free)", **details},
+    )
 
 
 @check(
     "bilinear.prior_ordering",
-    "Quadric toy at equal parameter budget: lifted NMSE compound, quadratic < atomic < linear TopK SAE",
-    "docs/bilinear.md §2 (parameter counts), §8 (nmse_lifted, seed-summary claim)",
-    predicted=f"At an equal budget of {BUDGET} parameters on the quadric toy (D = 16): compound (24 atoms, 32 "
-    f"composites, k_c = 4) and quadratic/GLU (16 latents) reach a lower lifted NMSE than atomic (32 latents), and "
-    f"atomic lower than a linear TopK SAE (16 latents, k = 4) whose reconstruction x̂ is lifted to x̂x̂ᵀ and "
-    f"measured the same way on the (unit) tokens.",
+    "D ≫ k with superposition, equal width: lifted NMSE compound, quadratic < atomic < TopK SAE at matched density",
+    "docs/bilinear.md §2, §8 (nmse_lifted, seed-summary claim), §12 (feasibility, matched density)",
+    predicted=f"On the quadric toy with D = {_ORDER_TOY['D']}, {_ORDER_TOY['n_linear']} linear features in the "
+    f"16-dim complement and {_ORDER_TOY['k_linear']} per token, at equal width 2·D = {2 * _ORDER_TOY['D']}: the "
+    f"authors' mixed model (compound, 16·D GLU atoms, dense C) and the GLU (quadratic) prior reach a lower lifted "
+    f"NMSE than the atomic prior, and the atomic prior lower than a linear TopK SAE of the same width at matched "
+    f"density (k = round(η̄²·d) from the mixed model's Hoyer density η̄), its reconstruction lifted to x̂x̂ᵀ. "
+    f"Decided only if the lifted-PCA floor at that width is below the TopK SAE's NMSE (else the toy's size decides).",
     quick=False,
     kind="replication",
-    source=f"{BILINEAR_PAPER}: richer priors (compound, quadratic) reconstruct the lift better than atomic and "
-    "linear SAEs",
-    regime="quadric toy (D = 16, 4-sparse tokens), equal parameter budget, our CPU training budget",
+    source=f"{BILINEAR_PAPER}: richer priors (compound, quadratic) reconstruct better than atomic and linear SAEs",
+    regime=f"quadric toy with superposition (D = {_ORDER_TOY['D']}, N = {_ORDER_TOY['N']}), width 2·D, bilinear "
+    f"models in the authors' regime (Muon, 1024 steps, one run each), TopK SAE with the Adam protocol (best of 2 "
+    f"lrs). {_REGIME_GAP} The authors compare at their own sizes on LLM activations, not at equal width on a toy.",
 )
 def bilinear_prior_ordering(ctx: CheckContext) -> Outcome:
-    toy = make_quadric_toy(seed=ctx.seed, **_TOY)
-    rows = toy.rows
-    table: dict[str, dict[str, Any]] = {}
-    for name, spec in _ORDER_MODELS.items():
-        row: dict[str, Any] = {"parameters": _parameter_count(name, spec, toy.D), "d_sae": spec["d_sae"]}
-        if name == "topk":
-            nmse, record = _topk_lifted_nmse(rows, spec["d_sae"], spec["k"], ctx.seed)
-            row.update(nmse_lifted=nmse, k=spec["k"], training=record)
-        else:  # a bilinear model is a tied linear autoencoder of the lifts: PCA bounds it from below
-            t = _train(rows, spec["arch"], spec["d_sae"], seed=ctx.seed, options=spec["options"])
-            rank = _decoder_rank_bound(spec)
-            row.update(nmse_lifted=kernel_lifted_loss(rows, t.model.dictionary()), **spec["options"],
-                       hoyer_density=t.metrics.get("hoyer_density"), decoder_rank_bound=rank,
-                       lifted_pca_floor=lifted_pca_floor(rows, rank), training=t.record())
-        table[name] = row
-    diagnostics, diagnostic_training = {}, {}
-    for k in TOPK_DIAGNOSTIC_K:  # not part of the verdict: how sparse must the linear SAE be to lose?
-        diagnostics[f"topk_k{k}"], diagnostic_training[f"topk_k{k}"] = _topk_lifted_nmse(
-            rows, _ORDER_MODELS["topk"]["d_sae"], k, ctx.seed)
-    n = {k: v["nmse_lifted"] for k, v in table.items()}
-    order = {"compound < atomic": n["compound"] < n["atomic"], "quadratic < atomic": n["quadratic"] < n["atomic"],
-             "atomic < topk": n["atomic"] < n["topk"]}
-    passed = all(order.values())
-    return Outcome(
-        measured={"nmse_lifted": {k: round(v, 4) for k, v in n.items()}, "order_holds": order},
-        tolerance="strict order of the measured NMSEs",
-        tolerance_reason="the claim is an ordering; the full table (with each bilinear model's lifted-PCA floor at "
-        "its decoder-rank bound) is reported so that a near tie is visible.",
-        passed=passed, details={"table": table, "budget": BUDGET, "toy": toy.params,
-                                "topk_other_k_nmse_lifted": diagnostics,
-                                "topk_other_k_training": diagnostic_training, "protocol": _PROTOCOL,
-                                "lifted_pca_floor_note": "1 − (top-r uncentred eigenvalues of the lifts)/N at r = "
-                                "the decoder-rank bound: the lowest NMSE of ANY r symmetric forms; the priors "
-                                "restrict the forms (rank-1 PSD atoms, rank-2 GLU), so they may stay above it "
-                                "even when trained to convergence",
-                                "topk_lift": "x̂x̂ᵀ of the SAE reconstruction of the unit token (sign-free)"},
-        finding=None if passed else "Ordering fails: " + ", ".join(k for k, v in order.items() if not v)
-        + f" (NMSE {', '.join(f'{k} {v:.4f}' for k, v in n.items())}; TopK with other k: "
-        + ", ".join(f"{k} {v:.4f}" for k, v in diagnostics.items()) + "). Each toy token is a unit vector in at most "
-        "4 of 16 fixed directions (a planted subspace of dim ≤ 3 plus one linear feature), so a linear TopK SAE with "
-        "d_sae = D = 16 can hold all of them, while the bilinear models' 16-32 forms cover part of the 136-dim lift "
-        "space (lifted-PCA floors at the decoder-rank bound: " + ", ".join(
-            f"{k} {v['lifted_pca_floor']:.4f}" for k, v in table.items() if "lifted_pca_floor" in v)
-        + "; final training objectives of the candidate runs: " + ", ".join(
-            f"{k} {min(r['training_objective'] for r in v['training']['runs']):.4f}–"
-            f"{max(r['training_objective'] for r in v['training']['runs']):.4f}" for k, v in table.items()) + ").",
-    )
+    toy = make_quadric_toy(seed=ctx.seed, **_ORDER_TOY)
+    table = _ordering_table(toy.rows, toy.rows, _order_models(toy.D), _MUON, ctx.seed, _STEPS)
+    return _ordering_outcome(table, toy=toy.params, regime=_AUTHORS)
+
+
+#: SmolLM2 (real_protocol: layer 10, D = 576): the widest sizes our CPU budget allows (Decision): width 256 for
+#: every prior, the mixed model with 4 GLU atoms per composite (the authors have 8), 400 Muon steps of 256 tokens.
+REAL_WIDTH = 256
+REAL_ATOMS_PER_COMPOSITE = 4
+_REAL_MUON = replace(_MUON, steps=400, batch_size=256)
+REAL_TOPK_STEPS = 1000  # Adam steps of 512 tokens, 5× the bilinear models' tokens (CPU budget, Decision; a 4000-step
+#: run at k = 169 went from batch loss 0.041 at step 1600 to 0.038 at the end)
+
+
+def _real_models(width: int) -> dict[str, tuple[str, int, dict[str, Any]]]:
+    n_a = REAL_ATOMS_PER_COMPOSITE * width
+    return {"compound": ("bilinear-compound", width, {"n_atoms": n_a, "k_c": n_a, "atoms": "glu", "hoyer_on": "atoms",
+                                                      "decoder": "asymmetric", "hoyer_coef": _HOYER}),
+            "quadratic": ("bilinear-quadratic", width, {"decoder": "asymmetric", "hoyer_coef": _HOYER}),
+            "atomic": ("bilinear-atomic", width, {"hoyer_coef": _HOYER})}
+
+
+@check(
+    "bilinear.prior_ordering_real",
+    "SmolLM2 activations, equal width: lifted NMSE compound, quadratic < atomic < TopK SAE at matched density",
+    "docs/bilinear.md §8, §12; issue 16 item 2",
+    predicted=f"On held-out SmolLM2-135M layer-10 tokens (normalised), at equal width {REAL_WIDTH}: the mixed model "
+    f"(compound, {REAL_ATOMS_PER_COMPOSITE * REAL_WIDTH} GLU atoms, dense C) and the GLU prior reach a lower lifted "
+    f"NMSE than the atomic prior, and the atomic prior lower than a TopK SAE of width {REAL_WIDTH} at matched "
+    f"density; decided only if the lifted-PCA floor at width {REAL_WIDTH} on those tokens is below the TopK SAE's.",
+    quick=False,
+    kind="replication",
+    source=f"{BILINEAR_PAPER}: compound and quadratic latents reach lower NMSE than atomic ones and linear baselines",
+    regime=f"SmolLM2-135M layer 10 (cached, D = 576; 14336 training, 2048 held-out tokens), width {REAL_WIDTH}, "
+    f"mixed model with {REAL_ATOMS_PER_COMPOSITE} atoms per composite, Muon {_REAL_MUON.steps} steps × "
+    f"{_REAL_MUON.batch_size} tokens, one run each, TopK SAE {REAL_TOPK_STEPS} Adam steps × {_BATCH} per lr; the authors: Qwen 0.6B–1B, 16·D atoms, 2·D composites, 1024 "
+    f"steps × 8192 tokens, bf16. {_REGIME_GAP}",
+)
+def bilinear_prior_ordering_real(ctx: CheckContext) -> Outcome:
+    data = real_data()
+    train_rows = normalise_tokens(data.X_train.astype(np.float64))[0]
+    eval_rows = normalise_tokens(data.X_eval.astype(np.float64))[0]
+    table = _ordering_table(train_rows, eval_rows, _real_models(REAL_WIDTH), _REAL_MUON, ctx.seed, REAL_TOPK_STEPS)
+    return _ordering_outcome(table, data={"n_train": int(train_rows.shape[0]), "n_eval": int(eval_rows.shape[0]),
+                                          "D": int(train_rows.shape[1]), "manifest": data.manifest},
+                             regime={**_AUTHORS, **asdict(_REAL_MUON), "width": REAL_WIDTH,
+                                     "atoms_per_composite": REAL_ATOMS_PER_COMPOSITE})
 
 
 # ------------------------------------------------------------------------------------------------
 # bilinear.subspace_stability
 
-_STABILITY_MODELS = {
-    "compound": {"arch": "bilinear-compound", "d_sae": 24, "options": {"n_atoms": 48, "k_c": 3, "hoyer_coef": _HOYER}},
-    "quadratic": {"arch": "bilinear-quadratic", "d_sae": 24, "options": {"hoyer_coef": _HOYER}},
-    "atomic": {"arch": "bilinear-atomic", "d_sae": 24, "options": {"hoyer_coef": _HOYER}},
-}
+_STABILITY_TOY = {"N": 4000, "D": 10}
+
+
+def _rotated(forms: FactoredForms, rng: np.random.Generator) -> FactoredForms:
+    """The same span mixed by a random orthogonal R: forms R·B (sim = 1 exactly, atoms differ)."""
+    Q, Rr = np.linalg.qr(rng.normal(size=(forms.d, forms.d)))
+    Q = Q * np.sign(np.diag(Rr))
+    mix = np.eye(forms.left.shape[0]) if forms.mix is None else forms.mix
+    return FactoredForms(forms.left, right=forms.right, mix=Q @ mix)
+
+
+def _random_like(forms: FactoredForms, rng: np.random.Generator) -> FactoredForms:
+    """Gaussian factors of the same shapes, scaled to the same total Frobenius energy Σ_k‖B_k‖²."""
+    shape = forms.left.shape
+    rand = FactoredForms(rng.normal(size=shape), right=None if forms.right is None else rng.normal(size=shape),
+                         mix=None if forms.mix is None else rng.normal(size=forms.mix.shape))
+    scale = np.sqrt(np.sum(forms.frobenius_sq()) / np.sum(rand.frobenius_sq()))
+    return FactoredForms(rand.left * np.sqrt(scale), right=None if rand.right is None else rand.right * np.sqrt(scale),
+                         mix=rand.mix)
 
 
 @check(
     "bilinear.subspace_stability",
     "Across 3 seeds: subspace similarity > 0.9 while one-to-one atom matching is lower",
     "docs/bilinear.md §7",
-    predicted=f"For each prior (compound, quadratic, atomic; 24 latents each) trained with {STABILITY_SEEDS} seeds "
-    f"on the same quadric toy, every pair of seeds has subspace similarity > {STABILITY_SIM} and a Hungarian "
-    f"mean matched cosine (unit-Frobenius forms) below that similarity.",
+    predicted=f"For the authors' mixed model (compound, 16·D GLU atoms, dense C), the GLU (quadratic) and the atomic "
+    f"prior (2·D = 20 latents each) trained with {STABILITY_SEEDS} seeds on the same quadric toy (D = 10), every pair "
+    f"of seeds has subspace similarity > {STABILITY_SIM} and a Hungarian mean matched cosine (unit-Frobenius forms) "
+    f"below that similarity.",
     quick=False,
     kind="replication",
     source=f"{BILINEAR_PAPER}: learned subspaces are stable across seeds while single atoms are not",
-    regime="quadric toy, 3 seeds, 24 latents per prior, our CPU training budget",
+    regime=f"quadric toy (D = {_STABILITY_TOY['D']}), {STABILITY_SEEDS} seeds, 2·D latents per prior, the authors' "
+    f"regime (Muon, 1024 steps, one run per seed). {_REGIME_GAP} The metric behind the paper's '>90%' is open (§7).",
 )
 def bilinear_subspace_stability(ctx: CheckContext) -> Outcome:
-    toy = make_quadric_toy(seed=ctx.seed, **_TOY)
+    toy = make_quadric_toy(seed=ctx.seed, **_STABILITY_TOY)
     seeds = [ctx.seed + i for i in range(STABILITY_SEEDS)]
     forms: dict[str, list[FactoredForms]] = {}
     training: dict[str, list[dict[str, Any]]] = {}
-    for name, spec in _STABILITY_MODELS.items():
-        trained = [_train(toy.rows, spec["arch"], spec["d_sae"], seed=s, options=spec["options"]) for s in seeds]
-        forms[name] = [FactoredForms.from_dictionary(t.model.dictionary()) for t in trained]
-        training[name] = [t.record() for t in trained]
+    models = _order_models(toy.D)
+    for name, (arch, d, options) in models.items():
+        runs = [_train_muon(toy.rows, arch, d, options, s) for s in seeds]
+        forms[name] = [FactoredForms.from_dictionary(m.dictionary()) for m, _ in runs]
+        training[name] = [r for _, r in runs]
     pairs: dict[str, list[dict[str, Any]]] = {}
     for name, fs in forms.items():
         pairs[name] = []
@@ -555,6 +797,13 @@ def bilinear_subspace_stability(ctx: CheckContext) -> Outcome:
             m = match_forms(fs[i], fs[j])
             pairs[name].append({"seeds": [seeds[i], seeds[j]], "similarity": subspace_similarity(fs[i], fs[j]),
                                 "mean_matched_cosine": m.mean_cosine, "workshop_ratio": m.workshop_ratio})
+    rng = ctx.rng("bilinear.subspace_stability")
+    rotated, random = {}, {}
+    for name, fs in forms.items():
+        rot = _rotated(fs[0], rng)
+        rotated[name] = {"similarity": subspace_similarity(fs[0], rot),
+                         "mean_matched_cosine": match_forms(fs[0], rot).mean_cosine}
+        random[name] = subspace_similarity(fs[0], _random_like(fs[0], rng))
     cross = {f"{a}~{b}": subspace_similarity(forms[a][0], forms[b][0]) for a, b in combinations(forms, 2)}
     fails = [(name, p) for name, ps in pairs.items() for p in ps
              if not (p["similarity"] > STABILITY_SIM and p["mean_matched_cosine"] < p["similarity"])]
@@ -562,13 +811,25 @@ def bilinear_subspace_stability(ctx: CheckContext) -> Outcome:
                       "max_mean_matched_cosine": round(max(p["mean_matched_cosine"] for p in ps), 4),
                       "max_workshop_ratio": round(max(p["workshop_ratio"] for p in ps), 4)}
                for name, ps in pairs.items()}
-    return Outcome(
+    controls = [
+        Control("rotated copy", "positive", f"seed {seeds[0]}'s forms mixed by a random orthogonal matrix: similarity "
+                f"> {STABILITY_SIM} and matched cosine below it", ", ".join(
+                    f"{k} {v['similarity']:.4f} / {v['mean_matched_cosine']:.3f}" for k, v in rotated.items()),
+                all(v["similarity"] > STABILITY_SIM and v["mean_matched_cosine"] < v["similarity"]
+                    for v in rotated.values())),
+        Control("random forms", "negative", f"Gaussian factors of the same shapes and energy: similarity ≤ "
+                f"{STABILITY_SIM}", ", ".join(f"{k} {v:.3f}" for k, v in random.items()),
+                max(random.values()) <= STABILITY_SIM),
+    ]
+    return Outcome.for_replication(
+        claim_holds=not fails, controls=controls,
         measured=summary, tolerance={"similarity_above": STABILITY_SIM, "matching": "below the similarity"},
         tolerance_reason="0.9 is the seed summary's '>90% similarity'; the matching claim is only 'lower'.",
-        passed=not fails,
         finding=None if not fails else "Not as predicted for " + "; ".join(
             f"{name} seeds {p['seeds']}: similarity {p['similarity']:.3f}, matched cosine {p['mean_matched_cosine']:.3f}"
             for name, p in fails),
-        details={"pairs": pairs, "cross_prior_similarity_seed0": cross, "models": _STABILITY_MODELS,
-                 "toy": toy.params, "protocol": _PROTOCOL, "training_per_seed": training},
+        details={"pairs": pairs, "cross_prior_similarity_seed0": cross, "rotated_copy": rotated,
+                 "random_forms_similarity": random,
+                 "models": {k: {"arch": a, "d_sae": d, **o} for k, (a, d, o) in models.items()},
+                 "toy": toy.params, "regime": _AUTHORS, "training_per_seed": training},
     )

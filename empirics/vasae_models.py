@@ -26,7 +26,11 @@ Anchor loss (§2, §3), with Ê the row-normalised frozen embedding W_E (V × D)
 The training loss is mse + λ_anchor · L_anchor, where the anchor term is reported as ``aux_loss``.
 It is computed only in training mode, only when λ_anchor > 0, and only on optimiser steps t with
 t mod ``anchor_every`` = 0 (the training loop calls :meth:`VocabAnchoredSAE.set_step`). λ_anchor = 0
-is the paper's plain SAE (§4).
+is the paper's plain SAE (§4). The gathered tokens t_d are refreshed (the full chunked max, the
+expensive part) only on steps with t mod ``anchor_refresh`` = M_refresh = 0 (a multiple of
+``anchor_every``; default: every anchor step) and held in the buffer ``anchor_ids`` in between, so
+the anchor can act on every step at O(d_z·D) while the argmax costs O(d_z·V·D) once per M_refresh
+steps (§3).
 
 Hard-tied baseline (§4, ``tie="hard"``): W_dec = W_E (d_sae = V, d_in = D required; a one-line
 ValueError otherwise), frozen, b_dec = 0 frozen; only the encoder trains. The labelled extension
@@ -37,8 +41,14 @@ W_E is frozen and never saved (§2, §9): ``anchor_source`` names it ("smollm2",
 model directory, or a path to a ``.npy`` (V, D) file) and :meth:`VocabAnchoredSAE.arch_fields`
 stores the source and the SHA-256 of its float32 bytes under ``metadata.dictcheck.vasae``.
 
-Init (Decision, following the authors' ``nn.Linear`` layers): W_enc, b_enc ~ U(±1/√D) and
-W_dec ~ U(±1/√d_z) from a generator seeded by ``seed``; b_dec = 0 (the training loop sets the centring vector).
+Init (option ``init``, from a generator seeded by ``seed``; b_dec = 0, the training loop sets the
+centring vector):
+
+* ``"torch"`` (default; Decision): torch's ``nn.Linear`` default, W_enc, b_enc ~ U(±1/√D) and
+  W_dec ~ U(±1/√d_z);
+* ``"authors"``: the authors' code (issue 16), every weight N(0, 0.02²) — W_enc and W_dec — and
+  b_enc = 0. Each column then has ‖w_d‖ ≈ 0.02·√D (0.48 at D = 576), and a dead column's only
+  gradient, the anchor's, is λ_anchor·sin θ_d/(d_z‖w_d‖) (docs/vasae.md §8).
 """
 
 from __future__ import annotations
@@ -60,7 +70,9 @@ __all__ = [
     "CHUNK_BYTES",
     "TIES",
     "VocabAnchoredSAE",
+    "INITS",
     "anchor_loss",
+    "anchor_width",
     "default_chunk",
     "embedding_sha256",
     "load_embedding",
@@ -72,6 +84,10 @@ ANCHOR_MODES = ("nearest", "logsumexp", "softmax")
 #: Number of top cosines the soft modes use (the authors' code).
 ANCHOR_TOPK = 10
 TIES = ("none", "hard")
+#: Initialisations (Decision, module docstring): torch's nn.Linear default, or the authors' N(0, 0.02).
+INITS = ("torch", "authors")
+#: Standard deviation of every weight under init = "authors" (the authors' code; issue 16).
+AUTHORS_INIT_STD = 0.02
 #: Decision (§3): the default chunk keeps one [chunk × V] cosine block ≤ 256 MB (decimal, as the
 #: spec's "2048 × 49152 ≈ 0.40 GB").
 CHUNK_BYTES = 256 * 10**6
@@ -121,15 +137,26 @@ def nearest_tokens(W: Tensor, E: Tensor, chunk: int | None = None) -> tuple[Tens
     return s[:, 0], t[:, 0]
 
 
-def anchor_loss(W: Tensor, E: Tensor, mode: str = "nearest", chunk: int | None = None) -> Tensor:
-    """L_anchor = −(1/d_z) Σ_d s_d in the gathered form (module docstring), differentiable in W.
-
-    W is (d_z, D) (the rows of W_dec), E the frozen embedding (V, D).
-    """
+def anchor_width(mode: str, n_vocab: int) -> int:
+    """Token ids per column the anchor gathers: 1 in nearest mode, min(10, V) in the soft modes."""
     if mode not in ANCHOR_MODES:
         raise ValueError(f"anchor_mode must be one of {ANCHOR_MODES}, got {mode!r}")
-    n = 1 if mode == "nearest" else min(ANCHOR_TOPK, E.shape[0])
-    _, ids = top_tokens(W, E, n, chunk)
+    return 1 if mode == "nearest" else min(ANCHOR_TOPK, n_vocab)
+
+
+def anchor_loss(W: Tensor, E: Tensor, mode: str = "nearest", chunk: int | None = None,
+                ids: Tensor | None = None) -> Tensor:
+    """L_anchor = −(1/d_z) Σ_d s_d in the gathered form (module docstring), differentiable in W.
+
+    W is (d_z, D) (the rows of W_dec), E the frozen embedding (V, D). ``ids`` ((d_z, n) token ids,
+    n = :func:`anchor_width`) are the tokens to gather; None finds them now (the exact max). Stale ids
+    (an earlier refresh) give the cosines to those tokens, which may no longer be the largest.
+    """
+    n = anchor_width(mode, E.shape[0])
+    if ids is None:
+        _, ids = top_tokens(W, E, n, chunk)
+    elif tuple(ids.shape) != (W.shape[0], n):
+        raise ValueError(f"ids must have shape (d_z={W.shape[0]}, {n}), got {list(ids.shape)}")
     cos = torch.einsum("dD,dnD->dn", _unit_rows(W), _unit_rows(E[ids].to(W.dtype)))
     if mode == "nearest":
         s = cos[:, 0]
@@ -181,13 +208,16 @@ class VocabAnchoredSAE(Featurizer):
     arch = "vasae"
 
     def __init__(self, d_in: int, d_sae: int, *, k: int, embedding: np.ndarray | None, anchor_coef: float,
-                 anchor_every: int, anchor_mode: str, anchor_chunk: int | None, anchor_source: str | None,
-                 tie: str, vocab_ids: list[int] | None, dtype: torch.dtype) -> None:
+                 anchor_every: int, anchor_refresh: int, anchor_mode: str, anchor_chunk: int | None,
+                 anchor_source: str | None, tie: str, vocab_ids: list[int] | None, init: str,
+                 dtype: torch.dtype) -> None:
         super().__init__()
         self.d_in, self.d_sae, self.k = int(d_in), int(d_sae), int(k)
         self.anchor_coef = float(anchor_coef)
         self.anchor_every = int(anchor_every)
+        self.anchor_refresh = int(anchor_refresh)
         self.anchor_mode = anchor_mode
+        self.init = init
         self.anchor_chunk = anchor_chunk
         self.anchor_source = anchor_source
         self.tie = tie
@@ -201,6 +231,12 @@ class VocabAnchoredSAE(Featurizer):
         frozen = tie == "hard"
         self.W_dec = torch.nn.Parameter(torch.zeros(d_sae, d_in, dtype=dtype), requires_grad=not frozen)
         self.b_dec = torch.nn.Parameter(torch.zeros(d_in, dtype=dtype), requires_grad=not frozen)
+        #: The gathered tokens t_d of the last refresh (−1: none yet); a buffer, so a resumed run
+        #: continues with the same stale tokens as an uninterrupted one.
+        width = anchor_width(anchor_mode, ANCHOR_TOPK if embedding is None else embedding.shape[0])
+        self.register_buffer("anchor_ids", torch.full((d_sae, width), -1, dtype=torch.int64))
+        #: (step, top-1 cosines s_d) of the last refresh, for monitoring; None before the first.
+        self.last_refresh: tuple[int, Tensor] | None = None
 
     # -------------------------------------------------------------- embedding
     def embedding(self) -> Tensor:
@@ -240,14 +276,25 @@ class VocabAnchoredSAE(Featurizer):
         """True when this forward pass adds the anchor term (training mode, λ_anchor > 0, t mod M = 0)."""
         return self.training and self.anchor_coef > 0 and self._step % self.anchor_every == 0
 
+    def _anchor(self) -> Tensor:
+        """L_anchor with the gathered tokens, refreshed (the exact max) on steps t with t mod
+        ``anchor_refresh`` = 0 and whenever none are held (first anchor step, or a model whose buffer was
+        never set)."""
+        E = self.embedding()
+        n = anchor_width(self.anchor_mode, E.shape[0])
+        if self._step % self.anchor_refresh == 0 or self.anchor_ids.shape[1] != n or bool((self.anchor_ids < 0).any()):
+            s, ids = top_tokens(self.W_dec, E, n, self.anchor_chunk)
+            self.anchor_ids = ids
+            self.last_refresh = (self._step, s[:, 0].clone())
+        return anchor_loss(self.W_dec, E, self.anchor_mode, ids=self.anchor_ids)
+
     def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:
         """Codes, x̂ and loss = mse_per_element + λ_anchor·L_anchor (``dead_mask`` is unused: no AuxK)."""
         z = self.encode(x)
         x_hat = self.decode(z)
         mse = (x - x_hat).pow(2).mean()
         zero = mse.new_zeros(())
-        anchor = self.anchor_coef * anchor_loss(self.W_dec, self.embedding(), self.anchor_mode,
-                                                self.anchor_chunk) if self.anchor_active() else zero
+        anchor = self.anchor_coef * self._anchor() if self.anchor_active() else zero
         l0 = (z != 0).sum(dim=-1).to(x.dtype).mean()
         return FeaturizerOutput(x_hat=x_hat, codes=z, loss=mse + anchor, mse=mse, sparsity_loss=zero,
                                 aux_loss=anchor, l0=l0)
@@ -280,7 +327,8 @@ class VocabAnchoredSAE(Featurizer):
             "anchor_topk": ANCHOR_TOPK,
             "anchor_every": self.anchor_every,
             "anchor_chunk": self.anchor_chunk,
-            "refresh_interval": 1,
+            "refresh_interval": self.anchor_refresh,
+            "init": self.init,
             "decoder_mode": "hard_tied" if self.tie == "hard" else "learnable",
             "nonneg": True,
             "vocab_policy": "all" if self.vocab_ids is None else "subset",
@@ -295,4 +343,4 @@ class VocabAnchoredSAE(Featurizer):
 
     def extra_repr(self) -> str:
         return (f"d_in={self.d_in}, d_sae={self.d_sae}, k={self.k}, anchor_coef={self.anchor_coef}, "
-                f"anchor_every={self.anchor_every}, anchor_mode={self.anchor_mode!r}, tie={self.tie!r}")
+                f"anchor_every={self.anchor_every}, anchor_refresh={self.anchor_refresh}, anchor_mode={self.anchor_mode!r}, tie={self.tie!r}")

@@ -1,5 +1,6 @@
 """VASAE model (docs/vasae.md §1–§4, §9): chunked anchor loss vs the naive full max, anchor_every,
-training-mode-only anchor, hard-tied baseline and its size errors, save/load round trip."""
+the nearest-token refresh every M_refresh steps, training-mode-only anchor, the authors' init,
+hard-tied baseline and its size errors, save/load round trip, resume with stale tokens."""
 
 from __future__ import annotations
 
@@ -206,6 +207,9 @@ def test_hard_tie_size_mismatch_is_a_one_line_error() -> None:
     (2, None, {"anchor_coef": -1.0}, "anchor_coef must be"),
     (2, None, {"anchor_coef": 1e-4}, "needs anchor_source"),
     (2, None, {"anchor_every": 0}, "anchor_every must be"),
+    (2, None, {"anchor_every": 2, "anchor_refresh": 3}, "anchor_refresh must be a multiple of anchor_every=2"),
+    (2, None, {"anchor_refresh": 0}, "anchor_refresh must be"),
+    (2, None, {"init": "xavier"}, "init must be one of"),
     (2, None, {"anchor_mode": "hard"}, "anchor_mode must be"),
     (2, None, {"anchor_chunk": 0}, "anchor_chunk must be"),
     (2, None, {"tie": "soft"}, "tie must be"),
@@ -274,3 +278,75 @@ def test_train_save_and_reload_through_the_loop(tmp_path) -> None:
     log = [json.loads(line) for line in (tmp_path / "sae" / "train_log.jsonl").read_text().splitlines()]
     assert len(log) == 20  # record "step" is 1-based: optimiser step t = step − 1
     assert all((rec["aux_loss"] < 0) == ((rec["step"] - 1) % 2 == 0) for rec in log)  # anchor only when t ≡ 0 mod 2
+
+
+def test_refresh_every_m_steps_gathers_stale_tokens_in_between() -> None:
+    """With anchor_refresh = M the tokens t_d are the exact argmax on steps t ≡ 0 (mod M) and stay fixed
+    in between: the loss is then −mean cos(w_d, e_{t_d}) at the held tokens, even when the argmax moved."""
+    rng = np.random.default_rng(4)
+    E = rng.standard_normal((30, 5))
+    E_t = torch.from_numpy(E)
+    x = _rand(5, 8, 5)
+    m = _model(E, anchor_coef=1.0, anchor_refresh=3)
+    assert m.arch_fields()["refresh_interval"] == 3 and m.anchor_refresh == 3
+    m.train()
+    held = None
+    for t in range(8):
+        m.set_step(t)
+        with torch.no_grad():
+            m.W_dec.copy_(_rand(10 + t, 12, 5))  # a new decoder every step: the argmax moves
+            out = m(x)
+        exact = nearest_tokens(m.W_dec, E_t)
+        if t % 3 == 0:
+            held = exact[1]
+            assert torch.equal(m.anchor_ids[:, 0], held) and m.last_refresh[0] == t
+            torch.testing.assert_close(m.last_refresh[1], exact[0], rtol=0, atol=0)
+        cos = torch.nn.functional.cosine_similarity(m.W_dec, E_t[held], dim=1)
+        torch.testing.assert_close(out.aux_loss, -cos.mean(), rtol=1e-12, atol=0)
+        if t % 3:
+            assert torch.equal(m.anchor_ids[:, 0], held) and m.last_refresh[0] == t - t % 3
+    assert not torch.equal(nearest_tokens(m.W_dec, E_t)[1], held)  # the held tokens were stale
+    every = _model(E, anchor_coef=1.0, anchor_every=2)
+    assert every.anchor_refresh == 2  # default: refresh on every anchor step
+
+
+def test_authors_init_is_normal_002_with_zero_biases() -> None:
+    m = make_vasae(64, 512, k=4, init="authors", seed=7)
+    torch_init = make_vasae(64, 512, k=4, seed=7)
+    W_enc, b_enc, W_dec, b_dec = (m.state_weights()[n] for n in ("W_enc", "b_enc", "W_dec", "b_dec"))
+    for W in (W_enc, W_dec):
+        assert abs(float(W.mean())) < 1e-3 and float(W.std()) == pytest.approx(0.02, rel=0.01)
+    assert float(b_enc.abs().max()) == 0.0 and float(b_dec.abs().max()) == 0.0
+    assert torch.equal(make_vasae(64, 512, k=4, init="authors", seed=7).state_weights()["W_dec"], W_dec)
+    w = torch_init.state_weights()
+    assert float(w["W_enc"].abs().max()) <= 1 / 8 and float(w["b_enc"].abs().max()) > 0  # U(±1/√64)
+    assert m.arch_fields()["init"] == "authors" and torch_init.arch_fields()["init"] == "torch"
+
+
+def test_resume_with_refresh_is_bit_identical(tmp_path) -> None:
+    """The held tokens are a buffer in the checkpoint: resuming from step 6 (between the refreshes at
+    4 and 8) gives the uninterrupted run's weights bit for bit."""
+    from dictcheck.empirics.training import TrainConfig, train
+
+    rng = np.random.default_rng(0)
+    E = rng.standard_normal((40, 6)).astype(np.float32)
+    np.save(tmp_path / "emb.npy", E)
+    X = rng.standard_normal((256, 6))
+    opts = {"k": 3, "anchor_coef": 0.1, "anchor_refresh": 4, "init": "authors",
+            "anchor_source": str(tmp_path / "emb.npy")}
+
+    def run(out, resume: bool = False):
+        model = build_model("vasae", 6, 10, opts, seed=1, dtype=torch.float64)
+        cfg = TrainConfig(steps=12, batch_size=32, seed=1, device="cpu", checkpoint_every=6, log_every=1,
+                          keep_checkpoints=5)
+        return train(model, X, cfg, out, resume=resume, progress=False)
+
+    full = run(tmp_path / "full")
+    part = tmp_path / "part" / "checkpoints"
+    part.mkdir(parents=True)
+    src = tmp_path / "full" / "checkpoints" / "ckpt_00000006.pt"
+    (part / src.name).write_bytes(src.read_bytes())
+    res = run(tmp_path / "part", resume=True)
+    assert res.resumed_from == 6
+    for name, t in full.weights.items():
+        assert torch.equal(res.weights[name], t)

@@ -23,7 +23,14 @@ from dictcheck.empirics.architectures.base import (
 )
 from dictcheck.empirics.architectures.sae import linear_schema
 from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.vasae_models import ANCHOR_MODES, TIES, VocabAnchoredSAE, load_embedding
+from dictcheck.empirics.vasae_models import (
+    ANCHOR_MODES,
+    AUTHORS_INIT_STD,
+    INITS,
+    TIES,
+    VocabAnchoredSAE,
+    load_embedding,
+)
 
 __all__ = ["VasaeOptions", "Vasae", "make_vasae"]
 
@@ -36,6 +43,8 @@ class VasaeOptions(ArchOptions):
                            "blocks per token (bsf-vanilla, bsf-grassmann)")
     anchor_coef: float = option(0.0, type=float, help="λ_anchor of the anchor loss (default 0: a plain TopK SAE)")
     anchor_every: int = option(1, type=int, help="add the anchor term every M steps (default 1)")
+    anchor_refresh: int | None = option(None, type=int, help="refresh the nearest tokens every M steps, a multiple "
+                                        "of anchor_every (default: every anchor step)")
     anchor_mode: str = option("nearest", type=str, choices=ANCHOR_MODES, help="anchor mode (default nearest)")
     anchor_chunk: int | None = option(None, type=int, help="vocabulary rows per cosine block (default: auto, "
                                       "≤ 256 MB)")
@@ -43,6 +52,8 @@ class VasaeOptions(ArchOptions):
                                        "dir or a (V, D) .npy")
     tie: str = option("none", type=str, choices=TIES, help="hard: decoder tied to W_E (the baseline)")
     vocab_ids: list[int] | None = option(None, cli=False, help="d_sae distinct token ids a hard-tied decoder uses")
+    init: str = option("torch", type=str, choices=INITS, help="torch: nn.Linear's default; authors: every weight "
+                       "N(0, 0.02), zero biases")
 
     def resolved(self, arch: str, d_sae: int, *, embedding_given: bool = False) -> VasaeOptions:
         """Validate (ValueError, one line). ``anchor_source`` is required when λ_anchor > 0 or
@@ -52,6 +63,11 @@ class VasaeOptions(ArchOptions):
             raise ValueError(f"arch 'vasae' needs k, an int in [1, d_sae={d_sae}], got {self.k!r}")
         coef = require_real("anchor_coef", self.anchor_coef)
         every = require_int("anchor_every", self.anchor_every, 1)
+        refresh = every if self.anchor_refresh is None else require_int("anchor_refresh", self.anchor_refresh, 1)
+        if refresh % every:
+            raise ValueError(f"anchor_refresh must be a multiple of anchor_every={every}, got {refresh}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.anchor_mode not in ANCHOR_MODES:
             raise ValueError(f"anchor_mode must be one of {ANCHOR_MODES}, got {self.anchor_mode!r}")
         if self.anchor_chunk is not None:
@@ -79,23 +95,23 @@ class VasaeOptions(ArchOptions):
                 raise ValueError(f"vocab_ids must hold d_sae={d_sae} distinct token ids, got {len(ids)} "
                                  f"({len(set(ids))} distinct)")
             ids = [int(v) for v in ids]
-        return replace(self, k=int(self.k), anchor_coef=coef, anchor_every=every, vocab_ids=ids)
+        return replace(self, k=int(self.k), anchor_coef=coef, anchor_every=every, anchor_refresh=refresh, vocab_ids=ids)
 
 
 def make_vasae(d_in: int, d_sae: int, *, k: int, embedding: np.ndarray | Tensor | None = None,
-               anchor_coef: float = 0.0, anchor_every: int = 1, anchor_mode: str = "nearest",
-               anchor_chunk: int | None = None, anchor_source: str | None = None, tie: str = "none",
-               vocab_ids: list[int] | None = None, b_dec_init: Tensor | None = None, seed: int = 0,
-               dtype: torch.dtype = torch.float32) -> VocabAnchoredSAE:
+               anchor_coef: float = 0.0, anchor_every: int = 1, anchor_refresh: int | None = None,
+               anchor_mode: str = "nearest", anchor_chunk: int | None = None, anchor_source: str | None = None,
+               tie: str = "none", vocab_ids: list[int] | None = None, init: str = "torch",
+               b_dec_init: Tensor | None = None, seed: int = 0, dtype: torch.dtype = torch.float32) -> VocabAnchoredSAE:
     """Build and initialise a VASAE (docs of :mod:`dictcheck.empirics.vasae_models`). ``embedding`` (a
     float (V, D) array, kept in its dtype) overrides loading it from ``anchor_source``. ValueError for bad
     options, or a hard tie whose W_E (rows) is not (d_sae, d_in). b_dec = ``b_dec_init`` or 0 (always 0
     with a hard tie)."""
     for name, v in (("d_in", d_in), ("d_sae", d_sae)):
         require_int(name, v, 1)
-    opts = VasaeOptions(k=k, anchor_coef=anchor_coef, anchor_every=anchor_every, anchor_mode=anchor_mode,
-                        anchor_chunk=anchor_chunk, anchor_source=anchor_source, tie=tie,
-                        vocab_ids=vocab_ids).resolved("vasae", d_sae, embedding_given=embedding is not None)
+    opts = VasaeOptions(k=k, anchor_coef=anchor_coef, anchor_every=anchor_every, anchor_refresh=anchor_refresh,
+                        anchor_mode=anchor_mode, anchor_chunk=anchor_chunk, anchor_source=anchor_source, tie=tie,
+                        vocab_ids=vocab_ids, init=init).resolved("vasae", d_sae, embedding_given=embedding is not None)
     E: np.ndarray | None = None
     if embedding is not None:
         E = np.array(embedding.detach().cpu().numpy() if isinstance(embedding, Tensor) else embedding)
@@ -112,10 +128,18 @@ def make_vasae(d_in: int, d_sae: int, *, k: int, embedding: np.ndarray | Tensor 
     def uniform(shape: tuple[int, ...], bound: float) -> Tensor:
         return ((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound).to(dtype)
 
+    def normal(shape: tuple[int, ...]) -> Tensor:
+        return (torch.randn(shape, generator=gen, dtype=torch.float64) * AUTHORS_INIT_STD).to(dtype)
+
     with torch.no_grad():
-        model.W_enc.copy_(uniform((d_in, d_sae), 1 / math.sqrt(d_in)))
-        model.b_enc.copy_(uniform((d_sae,), 1 / math.sqrt(d_in)))
-        model.W_dec.copy_(uniform((d_sae, d_in), 1 / math.sqrt(d_sae)))
+        if init == "authors":
+            model.W_enc.copy_(normal((d_in, d_sae)))
+            model.b_enc.zero_()
+            model.W_dec.copy_(normal((d_sae, d_in)))
+        else:
+            model.W_enc.copy_(uniform((d_in, d_sae), 1 / math.sqrt(d_in)))
+            model.b_enc.copy_(uniform((d_sae,), 1 / math.sqrt(d_in)))
+            model.W_dec.copy_(uniform((d_sae, d_in), 1 / math.sqrt(d_sae)))
         if tie == "hard":
             assert E is not None
             ids = opts.vocab_ids

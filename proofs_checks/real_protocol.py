@@ -22,6 +22,7 @@ import io
 import json
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import torch
 from dictcheck.empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
 from dictcheck.empirics.architectures import build_model
 from dictcheck.empirics.atomic_files import atomic_write_bytes
+from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.training import TrainConfig, TrainResult, torch_threads, train
 
 __all__ = ["MODEL", "LAYER", "N_TOKENS", "N_HELDOUT", "CONTEXT", "EXTRACT_SEED", "D_SAE", "STEPS", "BATCH",
@@ -59,7 +61,7 @@ class RealData:
     manifest: dict[str, Any]
 
     def describe(self) -> dict[str, Any]:
-        return {"model": MODEL, "layer": LAYER, "hook": self.manifest.get("hook"), "n_train": len(self.X_train),
+        return {"model": MODEL, "layer": self.manifest.get("layer"), "hook": self.manifest.get("hook"), "n_train": len(self.X_train),
                 "n_eval": len(self.X_eval), "context": CONTEXT, "seed": EXTRACT_SEED,
                 "corpus": self.manifest.get("corpus"), "cache": str(Path(self.embedding_path).parent)}
 
@@ -70,17 +72,18 @@ def _npy(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-@functools.lru_cache(maxsize=1)
-def real_data() -> RealData:
-    """Extract (first time) or open the cached activations; see the module docstring."""
-    root = Path(tempfile.gettempdir()) / "dictcheck-real" / f"{MODEL}_L{LAYER}_T{N_TOKENS}_c{CONTEXT}_s{EXTRACT_SEED}"
+@functools.lru_cache(maxsize=4)
+def real_data(layer: int = LAYER) -> RealData:
+    """Extract (first time) or open the cached activations of decoder layer ``layer`` (default
+    :data:`LAYER`; the other settings fixed); see the module docstring."""
+    root = Path(tempfile.gettempdir()) / "dictcheck-real" / f"{MODEL}_L{layer}_T{N_TOKENS}_c{CONTEXT}_s{EXTRACT_SEED}"
     act, emb, counts = root / "activations", root / "embedding.npy", root / "token_counts.npy"
     if not (is_activation_dir(act) and emb.is_file() and counts.is_file()):
         from dictcheck.empirics.lm_models import load_lm
 
         lm = load_lm(MODEL)
         root.mkdir(parents=True, exist_ok=True)
-        extract_activations(lm, LAYER, N_TOKENS, act, context=CONTEXT, seed=EXTRACT_SEED, progress=False)
+        extract_activations(lm, layer, N_TOKENS, act, context=CONTEXT, seed=EXTRACT_SEED, progress=False)
         windows = token_windows(lm, math.ceil(N_TOKENS / (CONTEXT - 1)), context=CONTEXT, seed=EXTRACT_SEED)
         train_ids = windows[:, 1:].reshape(-1)[:N_TOKENS - N_HELDOUT]  # the rows' tokens (position 0 dropped)
         atomic_write_bytes(counts, _npy(np.bincount(train_ids, minlength=lm.vocab_size)))
@@ -91,16 +94,22 @@ def real_data() -> RealData:
                     token_counts=np.load(counts), manifest=store.manifest)
 
 
-def train_real(out_dir: Path, seed: int, name: str, arch: str, options: dict[str, Any], *, d_sae: int = D_SAE,
+def train_real(out_dir: Path, seed: int, name: str, arch: str, options: dict[str, Any], *, layer: int = LAYER,
+               d_sae: int = D_SAE, on_step: Callable[[int, Featurizer], None] | None = None,
                **config: Any) -> TrainResult:
-    """Train a float32 ``arch`` model of width ``d_sae`` (default :data:`D_SAE`; init and batch seed ``seed``) on
-    the cached training rows into ``out_dir/real_models/<name>-<settings hash>`` (resumable)."""
-    data = real_data()
+    """Train a float32 ``arch`` model of width ``d_sae`` (default :data:`D_SAE`; init and batch seed ``seed``)
+    on the cached training rows of ``layer`` into ``out_dir/real_models/<name>-<settings hash>`` (resumable).
+    ``on_step(step, model)`` is called after every completed step (not for steps a reused model already
+    covers)."""
+    data = real_data(layer)
     settings = {"steps": STEPS, "batch_size": BATCH, "seed": seed, "device": "cpu", "checkpoint_every": 0,
                 "log_every": 100, "keep_checkpoints": 1, **config}
-    key = hashlib.sha256(json.dumps({"arch": arch, "d_sae": d_sae, "options": options, **settings}, sort_keys=True,
-                                    default=str).encode()).hexdigest()[:10]
+    spec = {"arch": arch, "d_sae": d_sae, "options": options, **settings}
+    if layer != LAYER:
+        spec["layer"] = layer  # the default layer's key is unchanged, so earlier folders stay reusable
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:10]
     model = build_model(arch, data.X_train.shape[1], d_sae, options, seed=seed, dtype=torch.float32)
+    hook = None if on_step is None else lambda step: on_step(step, model)
     with torch_threads(1):  # a shared 2-core machine: one intra-op thread per check
         return train(model, data.X_train, TrainConfig(**settings), out_dir / "real_models" / f"{name}-{key}",
-                     resume=True, progress=False)
+                     resume=True, progress=False, on_step=hook)

@@ -1,170 +1,324 @@
-"""VASAE on real activations (docs/vasae.md §2, §4, §5, §8; issue 7 item 5).
+"""VASAE on real activations in the authors' regime as far as 2 CPU cores allow (docs/vasae.md §2–§8;
+issue 7 item 5, issue 16 items 3–4).
 
-The data and the training helper are :mod:`dictcheck.proofs_checks.real_protocol` (SmolLM2 layer 10,
-held-out evaluation rows, cached extraction). Three models, all with d_z = :data:`~dictcheck.proofs_checks.real_protocol.D_SAE`
-(far below the paper's d_z = n_vocab = 49152, to fit 2 CPU cores), k = :data:`K`, Adam at the
-authors' lr 1e-3 with the loop's warm-up/decay schedule and gradient clipping:
+Data: :mod:`dictcheck.proofs_checks.real_protocol` (SmolLM2-135M, cached extraction, the last rows held
+out), at decoder layer :data:`~dictcheck.proofs_checks.real_protocol.LAYER` for the three verdicts and
+at the three depths :data:`DEPTHS` for the alive-aligned counts. Every model (docs/vasae.md §6, §11):
 
-* ``plain``: λ_anchor = 0 (docs/vasae.md §4: the plain SAE is VASAE with λ_anchor = 0);
-* ``anchored``: λ_anchor = :data:`ANCHOR_COEF` (the paper's main value) in nearest mode with
-  anchor_every = :data:`ANCHOR_EVERY` (the authors' Llama setting, chosen for cost: one anchor
-  evaluation is 2·d_z·V·D ≈ 29 GFLOP here; docs/vasae.md §3);
-* ``hard``: the hard-tied baseline on the :data:`~dictcheck.proofs_checks.real_protocol.D_SAE` most frequent training tokens (the
-  spec's labelled extension ``vocab_subset="top_frequency"``, option ``vocab_ids``), since
-  d_z < n_vocab.
+* d_z = :data:`D_Z` (the paper: d_z = n_vocab = 49152 for SmolLM2), k = :data:`K`, non-negative TopK;
+* the authors' init (every weight N(0, 0.02), zero biases; option ``init="authors"``);
+* Adam at the authors' lr 1e-3 without gradient clipping (``clip_grad_norm`` = :data:`NO_CLIP`, which
+  multiplies every gradient by exactly 1), :data:`STEPS` steps of :data:`~dictcheck.proofs_checks.real_protocol.BATCH`
+  tokens under the loop's 5% warm-up and 20% linear decay (the authors: constant lr);
 
-Metrics on the held-out rows: ``ve`` (docs/ecosystem.md §2) and the alignment of docs/vasae.md §5 against
-SmolLM2's frozen input embedding (all features and alive features separately).
+and the three kinds:
+
+* ``plain``: λ_anchor = 0 (docs/vasae.md §4);
+* ``anchored``: λ_anchor = :data:`ANCHOR_COEF` (the paper's main value), nearest mode, the anchor on
+  every step (the authors' GPT-2 setting, M = 1) with the nearest tokens refreshed every
+  :data:`REFRESH` steps (M_refresh, recorded in the saved config; docs/vasae.md §3, §11);
+* ``hard``: the hard-tied baseline on the :data:`D_Z` most frequent training tokens (the spec's
+  labelled extension ``vocab_subset="top_frequency"``, option ``vocab_ids``), since d_z < n_vocab.
+
+Metrics on the held-out rows: ``ve`` (docs/ecosystem.md §2) and the alignment of docs/vasae.md §5
+against SmolLM2's frozen input embedding, all features and alive features separately. The anchored
+models also record, at every refresh, each column's s_d: the dead columns' alignment curve that the
+saturation precondition reads (:func:`saturation`).
 """
 
 from __future__ import annotations
 
 import functools
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from dictcheck.empirics.lm_metrics import alignment_metrics
+from dictcheck.empirics.featurizer import Featurizer
+from dictcheck.empirics.lm_metrics import ALIGNED, alignment_metrics
 from dictcheck.empirics.metrics import fvu
-from dictcheck.empirics.training import TrainResult
-from dictcheck.proofs_checks.real_protocol import BATCH, D_SAE, LAYER, STEPS, real_data, train_real
-from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.proofs_checks.real_protocol import BATCH, LAYER, N_TOKENS, real_data, train_real
+from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sources import VASAE_PAPER
 
+D_Z = 8192
 K = 32
 LR = 1e-3
 ANCHOR_COEF = 1e-4
-ANCHOR_EVERY = 25
+ANCHOR_EVERY = 1
+REFRESH = 50
+STEPS = 500
+INIT = "authors"
+#: "No clipping": the loop clips the total gradient norm at this value, far above any gradient here.
+NO_CLIP = 1e30
+#: Three depths of SmolLM2's 30 layers (first, the protocol's layer, second to last), like the authors'
+#: GPT-2 layers 0, 6 and 11 (alive-aligned 6216, 3911 and 193 of 50257; docs/vasae.md §8).
+DEPTHS = (0, LAYER, 28)
 PARITY_TOL = 0.01
 HARD_MARGIN = 0.1
+#: Saturation (precondition): the fraction of the dead columns with s_d ≥ 0.8 rises by at most this much
+#: per 100 steps between the last two refreshes before the lr decay starts (a plateau at constant lr, not
+#: one made by the decay). Fixed after one pilot run at layer 10 (400 steps: 0.05, 0.64, 0.647, 0.647 at
+#: steps 200–350), which also set STEPS = 500 so that the window ends before the decay.
+SATURATION_RISE = 0.01
+#: Negative control of vasae.alignment: against a randomly rotated W_E the anchored model's rate is at most this.
+ROTATED_MAX_RATE = 0.01
+#: The authors' alive-and-aligned counts on GPT-2 at layers 0, 6, 11 of d_z = 50257, with the alive counts
+#: where known (docs/vasae.md §8; issue 16).
+AUTHORS_ALIVE_ALIGNED = {"layer 0": "6216 of 9399 alive (0.661)", "layer 6": "3911", "layer 11": "193 of 1882 alive "
+                         "(0.103)"}
+#: The claim of vasae.alignment: anchoring raises the alive-aligned rate by at least this much, half the
+#: authors' lowest alive-aligned rate (GPT-2 layer 11: 193/1882 = 0.103), fixed from their numbers.
+ALIVE_MARGIN = 0.05
+
+REGIME = (f"SmolLM2-135M decoder-layer activations ({N_TOKENS} cached tokens of the shipped corpus, not WikiText-103), "
+          f"d_z = {D_Z} (authors: d_z = n_vocab, 49152 for SmolLM2), k = {K}, the authors' init N(0, 0.02) and lr "
+          f"1e-3 without clipping, but {STEPS} steps of {BATCH} tokens with the loop's warm-up and decay (authors: "
+          "up to 20 epochs of 6.4M tokens at constant lr, early stopping); the anchor on every step with the nearest "
+          f"tokens refreshed every {REFRESH} steps (authors: the exact max every step on GPT-2)")
 
 
-def _options(kind: str) -> dict[str, Any]:
-    data = real_data()
+def _options(kind: str, layer: int) -> dict[str, Any]:
+    data = real_data(layer)
+    base = {"k": K, "init": INIT}
     if kind == "plain":
-        return {}
+        return base
     if kind == "anchored":
-        return {"anchor_coef": ANCHOR_COEF, "anchor_every": ANCHOR_EVERY, "anchor_mode": "nearest",
-                "anchor_source": data.embedding_path}
-    top = np.argsort(-data.token_counts, kind="stable")[:D_SAE]
-    return {"tie": "hard", "anchor_source": data.embedding_path, "vocab_ids": [int(v) for v in top]}
+        return {**base, "anchor_coef": ANCHOR_COEF, "anchor_every": ANCHOR_EVERY, "anchor_refresh": REFRESH,
+                "anchor_mode": "nearest", "anchor_source": data.embedding_path}
+    top = np.argsort(-data.token_counts, kind="stable")[:D_Z]
+    return {**base, "tie": "hard", "anchor_source": data.embedding_path, "vocab_ids": [int(v) for v in top]}
+
+
+def _history_path(out_dir: Path) -> Path:
+    return out_dir / "anchor_history.npz"
 
 
 @functools.lru_cache(maxsize=None)
-def _evaluated(ctx: CheckContext, kind: str) -> dict[str, Any]:
-    """Train (or reuse) one model and evaluate it on the held-out rows."""
-    result: TrainResult = train_real(ctx.out_dir, ctx.seed, f"vasae-{kind}", "vasae", {"k": K, **_options(kind)}, lr=LR,
-                                     b_dec_init="zero")
-    data = real_data()
-    model = result.model
+def _evaluated(ctx: CheckContext, kind: str, layer: int = LAYER) -> dict[str, Any]:
+    """Train (or reuse) one model, evaluate it on the held-out rows; ``history`` is the per-refresh s of
+    every column (anchored models; None when a reused model's file is missing)."""
+    steps, scores = [], []
+
+    def record(step: int, model: Featurizer) -> None:
+        last = getattr(model, "last_refresh", None)
+        if last is not None and last[0] == step - 1:
+            steps.append(last[0])
+            scores.append(last[1].detach().cpu().numpy().astype(np.float32))
+
+    cpu0 = time.process_time()
+    result = train_real(ctx.out_dir, ctx.seed, f"vasae-{kind}", "vasae", _options(kind, layer), layer=layer, d_sae=D_Z,
+                        on_step=record, steps=STEPS, lr=LR, b_dec_init="zero", clip_grad_norm=NO_CLIP)
+    train_cpu = time.process_time() - cpu0
+    history: dict[str, np.ndarray] | None = None
+    if kind == "anchored":
+        path = _history_path(result.out_dir)
+        if result.resumed_from is None:
+            history = {"steps": np.asarray(steps, dtype=np.int64), "s": np.asarray(scores, dtype=np.float32)}
+            np.savez(path, **history)
+        elif path.is_file():
+            with np.load(path) as f:
+                history = {"steps": f["steps"], "s": f["s"]}
+    data = real_data(layer)
     with torch.no_grad():
-        out = model(torch.from_numpy(data.X_eval))
+        out = result.model.eval()(torch.from_numpy(data.X_eval))
     x_hat, codes = out.x_hat.double().numpy(), out.codes.numpy()
     alive = (codes != 0).any(axis=0)
     align = alignment_metrics(result.weights["W_dec"], np.load(data.embedding_path), alive)
     s = align.pop("s")
     align.pop("t")
-    return {"ve": 1.0 - fvu(data.X_eval, x_hat), "l0": float(np.mean(np.sum(codes != 0, axis=1))),
+    return {"layer": layer, "ve": 1.0 - fvu(data.X_eval, x_hat), "l0": float(np.mean(np.sum(codes != 0, axis=1))),
             "dead_frac": float(1.0 - alive.mean()), "alignment": align,
             "s_mean_alive": float(s[alive].mean()) if alive.any() else None,
             "s_mean_dead": float(s[~alive].mean()) if (~alive).any() else None,
-            "final_loss": result.final_loss, "out_dir": str(result.out_dir)}
+            "saturation": None if history is None else saturation(history, alive),
+            "final_loss": result.final_loss, "train_cpu_s": round(train_cpu, 1), "out_dir": str(result.out_dir),
+            "_W_dec": result.weights["W_dec"]}
 
 
-def _anchor_steps() -> int:
-    """Optimiser steps t < STEPS with t mod anchor_every = 0: the steps that carry the anchor term."""
-    return len(range(0, STEPS, ANCHOR_EVERY))
+def saturation(history: dict[str, np.ndarray], alive: np.ndarray) -> dict[str, Any]:
+    """The dead columns' alignment curves at the refreshes t: a(t), the fraction of the columns dead on the
+    held-out rows with s_d ≥ 0.8, and m(t), their mean s_d; saturated when a rose by at most
+    :data:`SATURATION_RISE` per 100 steps between the last two refreshes at or before the first decay step
+    STEPS − ⌊STEPS/5⌋ (:func:`~dictcheck.empirics.training.lr_schedule`), where the lr is still the constant
+    1e-3. a is what the alignment counts read; m keeps rising slowly as aligned columns approach s = 1.
+    Without dead columns or two refreshes in the window: not saturated (nothing to read)."""
+    steps, S = history["steps"], history["s"]
+    dead = ~alive
+    curve = [float(row[dead].mean()) if dead.any() else None for row in S]
+    aligned = [float((row[dead] >= ALIGNED).mean()) if dead.any() else None for row in S]
+    decay_start = STEPS - STEPS // 5
+    window = [i for i, t in enumerate(steps) if t <= decay_start][-2:]
+    if len(window) < 2 or aligned[window[0]] is None:
+        return {"steps": steps.tolist(), "dead_s_mean": curve, "dead_aligned_frac": aligned, "saturated": False,
+                "rise_per_100_steps": None, "window": None}
+    i, j = window
+    rise = (aligned[j] - aligned[i]) * 100.0 / float(steps[j] - steps[i])
+    return {"steps": steps.tolist(), "dead_s_mean": [round(v, 4) for v in curve],
+            "dead_aligned_frac": [round(v, 4) for v in aligned], "window": [int(steps[i]), int(steps[j])],
+            "rise_per_100_steps": rise, "saturated": rise <= SATURATION_RISE}
+
+
+def _public(ev: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in ev.items() if not k.startswith("_")}
 
 
 def _training() -> dict[str, Any]:
-    return {"d_sae": D_SAE, "k": K, "steps": STEPS, "batch_size": BATCH, "lr": LR, "layer": LAYER,
-            "anchor_coef": ANCHOR_COEF, "anchor_every": ANCHOR_EVERY, "anchor_steps": _anchor_steps(),
-            "data": real_data().describe()}
+    return {"d_sae": D_Z, "k": K, "steps": STEPS, "batch_size": BATCH, "lr": LR, "init": INIT,
+            "clip_grad_norm": NO_CLIP, "anchor_coef": ANCHOR_COEF, "anchor_every": ANCHOR_EVERY,
+            "anchor_refresh": REFRESH, "layer": LAYER, "data": real_data().describe()}
+
+
+def _anchor_engaged(plain: dict[str, Any], anchored: dict[str, Any]) -> Control:
+    """Positive control shared by vasae.recon_parity and vasae.alignment: the anchor acted at all."""
+    p, a = plain["alignment"]["alignment_rate_all"], anchored["alignment"]["alignment_rate_all"]
+    return Control("the anchor acts", "positive", "alignment_rate_all(anchored) > alignment_rate_all(plain)",
+                   f"anchored {a:.4f}, plain {p:.4f} (s ≥ {ALIGNED}, all {D_Z} features)", a > p)
 
 
 @check(
     "vasae.recon_parity",
     "VASAE reconstructs as well as the plain TopK SAE at the same k",
-    "docs/vasae.md §4, §7 (VE flat in λ_anchor); issue 7",
-    predicted=f"SmolLM2 layer {LAYER}, d_z = {D_SAE}, k = {K}: |VE(VASAE λ_anchor = {ANCHOR_COEF:g}) − VE(plain)| ≤ "
+    "docs/vasae.md §4, §7 (VE flat in λ_anchor), §11; issues 7, 16",
+    predicted=f"SmolLM2 layer {LAYER}, d_z = {D_Z}, k = {K}: |VE(VASAE λ_anchor = {ANCHOR_COEF:g}) − VE(plain)| ≤ "
     f"{PARITY_TOL} on held-out tokens.",
     quick=False,
     kind="replication",
-    source=f"{VASAE_PAPER}: anchoring costs no reconstruction",
-    regime="SmolLM2-135M layer-5 activations (cached), TopK SAEs at our CPU width and budget (not the authors' "
-    "d_z = vocabulary; issue 16)",
+    source=f"{VASAE_PAPER}: anchoring costs no reconstruction (VE within 0.001 on GPT-2 and Llama)",
+    regime=REGIME,
 )
 def vasae_recon_parity(ctx: CheckContext) -> Outcome:
-    plain, anchored = _evaluated(ctx, "plain"), _evaluated(ctx, "anchored")
+    plain, anchored, hard = _evaluated(ctx, "plain"), _evaluated(ctx, "anchored"), _evaluated(ctx, "hard")
     diff = anchored["ve"] - plain["ve"]
-    passed = abs(diff) <= PARITY_TOL
-    return Outcome(
+    hard_gap = plain["ve"] - hard["ve"]
+    controls = [
+        _anchor_engaged(plain, anchored),
+        Control("VE resolves a real difference", "negative",
+                f"the hard-tied decoder's VE differs from the plain SAE's by more than {PARITY_TOL}",
+                f"VE plain {plain['ve']:.4f}, hard-tied {hard['ve']:.4f} (gap {hard_gap:+.4f})",
+                abs(hard_gap) > PARITY_TOL),
+    ]
+    holds = abs(diff) <= PARITY_TOL
+    return Outcome.for_replication(
+        claim_holds=holds, controls=controls,
         measured={"ve_plain": plain["ve"], "ve_vasae": anchored["ve"], "ve_difference": diff},
         tolerance=PARITY_TOL, tolerance_reason="The issue's bar: VE within 0.01 of the plain SAE's.",
-        passed=passed,
-        finding=None if passed else f"VE differs by {diff:+.4f} (plain {plain['ve']:.4f}, VASAE {anchored['ve']:.4f}).",
-        details={"plain": plain, "vasae": anchored, "training": _training()},
+        finding=None if holds else f"VE differs by {diff:+.4f} (plain {plain['ve']:.4f}, VASAE {anchored['ve']:.4f}).",
+        details={"plain": _public(plain), "vasae": _public(anchored), "training": _training()},
     )
 
 
 @check(
     "vasae.hard_tied_worse",
     "The hard-tied baseline (decoder = W_E, frozen) reconstructs clearly worse",
-    "docs/vasae.md §4; issue 7",
-    predicted=f"VE(hard-tied, decoder = the {D_SAE} most frequent tokens' embeddings) ≤ VE(plain) − {HARD_MARGIN} on "
+    "docs/vasae.md §4, §11; issues 7, 16",
+    predicted=f"VE(hard-tied, decoder = the {D_Z} most frequent tokens' embeddings) ≤ VE(plain) − {HARD_MARGIN} on "
     "held-out tokens.",
     quick=False,
     kind="replication",
-    source=f"{VASAE_PAPER}: a decoder tied to the embeddings reconstructs worse",
-    regime="SmolLM2-135M layer-5 activations (cached), our CPU width and budget",
+    source=f"{VASAE_PAPER}: a decoder tied to the embeddings reconstructs worse (GPT-2 VE −0.43, Llama −0.02)",
+    regime=REGIME + f"; the tied decoder holds the {D_Z} most frequent training tokens, not the whole vocabulary",
 )
 def vasae_hard_tied_worse(ctx: CheckContext) -> Outcome:
-    plain, hard = _evaluated(ctx, "plain"), _evaluated(ctx, "hard")
+    plain, hard, anchored = _evaluated(ctx, "plain"), _evaluated(ctx, "hard"), _evaluated(ctx, "anchored")
     gap = plain["ve"] - hard["ve"]
-    passed = gap >= HARD_MARGIN
-    return Outcome(
+    free_gap = plain["ve"] - anchored["ve"]
+    controls = [
+        Control("the margin is reachable", "positive",
+                f"x̂ = x̄ (no decoder; VE 0) sits at least {HARD_MARGIN} below the plain SAE",
+                f"VE plain {plain['ve']:.4f}", plain["ve"] >= HARD_MARGIN),
+        Control("a free decoder shows no gap", "negative",
+                f"the anchored SAE (free decoder) is less than {HARD_MARGIN} below the plain SAE",
+                f"VE anchored {anchored['ve']:.4f} (gap {free_gap:+.4f})", free_gap < HARD_MARGIN),
+    ]
+    holds = gap >= HARD_MARGIN
+    return Outcome.for_replication(
+        claim_holds=holds, controls=controls,
         measured={"ve_plain": plain["ve"], "ve_hard_tied": hard["ve"], "ve_gap": gap},
         tolerance=HARD_MARGIN, tolerance_reason="The issue's bar: lower by at least 0.1.",
-        passed=passed,
-        finding=None if passed else f"the hard-tied VE is only {gap:.4f} below the plain SAE's.",
-        details={"plain": plain, "hard_tied": hard, "training": _training(),
-                 "vocab_policy": f"top_frequency: the {D_SAE} most frequent training tokens"},
+        finding=None if holds else f"the hard-tied VE is only {gap:.4f} below the plain SAE's.",
+        details={"plain": _public(plain), "hard_tied": _public(hard), "training": _training(),
+                 "vocab_policy": f"top_frequency: the {D_Z} most frequent training tokens (ties, unseen tokens "
+                 "included, by token id)"},
     )
+
+
+def _rotated_rate(W_dec: torch.Tensor, E: np.ndarray, rng: np.random.Generator) -> float:
+    """alignment_rate_all of ``W_dec`` against W_E·Q for a Haar-random orthogonal Q (same Gram matrix, so the
+    same spread of token cosines, but none of the token directions)."""
+    Q, R = np.linalg.qr(rng.standard_normal((E.shape[1], E.shape[1])))
+    Q *= np.sign(np.diag(R))
+    return float(alignment_metrics(W_dec, E.astype(np.float64) @ Q)["alignment_rate_all"])
+
+
+def _depth_row(ev: dict[str, Any]) -> dict[str, Any]:
+    a = ev["alignment"]
+    sat = ev["saturation"]
+    return {"n_alive": a["n_alive"], "n_alive_aligned": a["n_alive_aligned"],
+            "alignment_rate_alive": a["alignment_rate_alive"], "alignment_rate_all": a["alignment_rate_all"],
+            "coverage": a["coverage"], "ve": ev["ve"], "dead_frac": ev["dead_frac"],
+            "dead_s_mean_final": ev["s_mean_dead"], "alive_s_mean": ev["s_mean_alive"],
+            "saturated": None if sat is None else sat["saturated"],
+            "rise_per_100_steps": None if sat is None else sat["rise_per_100_steps"],
+            "train_cpu_s": ev["train_cpu_s"]}
 
 
 @check(
     "vasae.alignment",
-    "Anchoring raises the alignment of ALIVE features (reported next to the all-feature rate)",
-    "docs/vasae.md §5, §8; issue 7",
-    predicted="alignment_rate_alive(VASAE) > alignment_rate_alive(plain) (s_d ≥ 0.8 against SmolLM2's input "
-    "embedding, alive = fires on a held-out token); alignment_rate_all is reported for both.",
+    "Anchoring raises the alignment of ALIVE features (reported next to the all-feature rate, at three depths)",
+    "docs/vasae.md §5, §8, §11; issues 7, 16",
+    predicted=f"SmolLM2 layer {LAYER}, d_z = {D_Z}: alignment_rate_alive(VASAE) ≥ alignment_rate_alive(plain) + "
+    f"{ALIVE_MARGIN} (s_d ≥ "
+    f"{ALIGNED} against SmolLM2's input embedding, alive = fires on a held-out token); alignment_rate_all and the "
+    f"alive-aligned counts at layers {list(DEPTHS)} are reported.",
     quick=False,
     kind="replication",
-    source=f"{VASAE_PAPER}: anchored features align with token embeddings",
-    regime="SmolLM2-135M layer-5 activations (cached), our CPU width and budget (anchor schedule differs from "
-    "the authors'; issue 16)",
+    source=f"{VASAE_PAPER}: anchored features align with token embeddings (89–94% of all features on GPT-2 layers "
+    "0–10; alive-and-aligned 6216 / 3911 / 193 of 50257 at layers 0 / 6 / 11)",
+    regime=REGIME,
 )
 def vasae_alignment(ctx: CheckContext) -> Outcome:
     plain, anchored = _evaluated(ctx, "plain"), _evaluated(ctx, "anchored")
+    depths = {layer: anchored if layer == LAYER else _evaluated(ctx, "anchored", layer) for layer in DEPTHS}
     a_p, a_v = plain["alignment"], anchored["alignment"]
     rate_p, rate_v = a_p["alignment_rate_alive"], a_v["alignment_rate_alive"]
-    passed = rate_p is not None and rate_v is not None and rate_v > rate_p
+    rotated = _rotated_rate(anchored["_W_dec"], np.load(real_data().embedding_path), ctx.rng("vasae.alignment"))
+    unsaturated = [f"layer {layer}" for layer, ev in depths.items()
+                   if ev["saturation"] is None or not ev["saturation"]["saturated"]]
+    controls = [
+        _anchor_engaged(plain, anchored),
+        Control("alignment is to the token directions", "negative",
+                f"the anchored model's alignment_rate_all against W_E·Q (Q a random rotation) ≤ {ROTATED_MAX_RATE}",
+                f"{rotated:.4f} (against W_E: {a_v['alignment_rate_all']:.4f})", rotated <= ROTATED_MAX_RATE),
+        Control("dead columns' alignment saturated", "precondition",
+                f"at every depth the fraction of dead columns with s ≥ {ALIGNED} rose ≤ {SATURATION_RISE} per 100 "
+                "steps over the last refresh interval before the lr decay",
+                "; ".join(f"layer {layer}: " + ("no history" if ev["saturation"] is None else
+                                                f"{ev['saturation']['rise_per_100_steps']:+.4f} per 100 steps over "
+                                                f"steps {ev['saturation']['window']}")
+                          for layer, ev in depths.items()),
+                not unsaturated),
+    ]
+    holds = rate_p is not None and rate_v is not None and rate_v >= rate_p + ALIVE_MARGIN
     keys = ("alignment_rate_all", "alignment_rate_alive", "n_alive", "n_alive_aligned", "coverage", "coverage_alive",
             "s_mean", "s_median", "buckets")
-    return Outcome(
+    return Outcome.for_replication(
+        claim_holds=holds, controls=controls,
         measured={"plain": {k: a_p[k] for k in keys}, "vasae": {k: a_v[k] for k in keys},
                   "s_mean_alive": {"plain": plain["s_mean_alive"], "vasae": anchored["s_mean_alive"]},
-                  "s_mean_dead": {"plain": plain["s_mean_dead"], "vasae": anchored["s_mean_dead"]}},
-        tolerance="strictly greater", tolerance_reason="An ordering of two rates (the claim must hold on alive "
-        "features, docs/vasae.md §8); no tolerance.",
-        passed=passed,
-        finding=None if passed else (
-            f"alive-feature alignment is not raised: VASAE {rate_v} vs plain {rate_p} (all features: VASAE "
-            f"{a_v['alignment_rate_all']:.4f}, plain {a_p['alignment_rate_all']:.4f}). The anchor acted on "
-            f"{_anchor_steps()} of {STEPS} steps (anchor_every = {ANCHOR_EVERY}, for cost): the mean s of dead "
-            f"columns moved {plain['s_mean_dead']:.3f} → {anchored['s_mean_dead']:.3f} and of alive columns "
-            f"{plain['s_mean_alive']:.3f} → {anchored['s_mean_alive']:.3f}, so the anchor pulls dead columns first "
-            "(docs/vasae.md §8), but this run is too short to say whether it would ever align alive ones."),
-        details={"plain": plain, "vasae": anchored, "training": _training()},
+                  "s_mean_dead": {"plain": plain["s_mean_dead"], "vasae": anchored["s_mean_dead"]},
+                  "depths": {f"layer {layer}": _depth_row(ev) for layer, ev in depths.items()},
+                  "rotated_embedding_rate_all": rotated},
+        tolerance=ALIVE_MARGIN, tolerance_reason="Half the authors' lowest alive-aligned rate (GPT-2 layer 11, "
+        "193/1882 = 0.103); the claim must hold on alive features (docs/vasae.md §8).",
+        finding=None if holds else (
+            f"alive-feature alignment is not raised by {ALIVE_MARGIN}: VASAE {rate_v} vs plain {rate_p} (all features: VASAE "
+            f"{a_v['alignment_rate_all']:.4f}, plain {a_p['alignment_rate_all']:.4f}); the mean s of dead columns "
+            f"moved {plain['s_mean_dead']} → {anchored['s_mean_dead']} and of alive columns "
+            f"{plain['s_mean_alive']:.3f} → {anchored['s_mean_alive']:.3f}."),
+        details={"plain": _public(plain), "vasae": {f"layer {layer}": _public(ev) for layer, ev in depths.items()},
+                 "authors_alive_aligned_gpt2": AUTHORS_ALIVE_ALIGNED, "unsaturated": unsaturated,
+                 "training": _training()},
     )

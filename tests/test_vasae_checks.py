@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dictcheck.proofs_checks.checks import vasae
-from dictcheck.proofs_checks.registry import load_all_checks
+from dictcheck.proofs_checks.registry import REGISTRY
 
 
 def _history(dead_curve: list[float], alive_value: float = 0.1) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -46,5 +46,45 @@ def test_saturation_without_dead_columns_or_refreshes_is_not_saturated() -> None
 
 def test_vasae_checks_are_replications_stating_the_regime() -> None:
     for cid in ("vasae.alignment", "vasae.hard_tied_worse", "vasae.recon_parity"):
-        c = load_all_checks()[cid]
+        c = REGISTRY[cid]  # registered by importing the module above
         assert c.kind == "replication" and f"d_z = {vasae.D_Z}" in c.regime and "authors" in c.regime
+
+
+@pytest.mark.parametrize("norm", [0.3, 0.6])
+def test_dead_column_alignment_rate_matches_torch_adam(norm: float) -> None:
+    """theory.anchor_dynamics against brute force: one dead column under torch's Adam with only the
+    anchor term (λ/d_z)·(−cos) crosses s = 0.8 at the predicted step, deep in the ε-limited regime
+    (|g_i| ≈ ε/100); at |g_i| ≈ ε/10 (λ = 1e-5 at lr 1e-3) it comes ≈ 10% later, as lr·g/(|g| + ε) says."""
+    import torch
+
+    from dictcheck.empirics.vasae_models import anchor_loss
+    from dictcheck.theory.anchor_dynamics import alignment_rate, steps_to_alignment
+
+    lr, lam, d_z, D = 1e-2, 1e-6, 8192, 16
+    gen = torch.Generator().manual_seed(0)
+    E = torch.randn(5, D, generator=gen, dtype=torch.float64)
+    w = torch.randn(1, D, generator=gen, dtype=torch.float64)
+    w = (w * norm / w.norm()).requires_grad_()
+    opt = torch.optim.Adam([w], lr=lr)
+    s0 = float(-anchor_loss(w, E))
+    crossed = None
+    for t in range(20_000):  # t Adam steps taken so far
+        loss = anchor_loss(w, E)  # −cos(w, e_t) for one column
+        if float(-loss) >= 0.8:
+            crossed = t
+            break
+        opt.zero_grad()
+        (lam / d_z * loss).backward()
+        opt.step()
+    predicted = steps_to_alignment(s0, 0.8, alignment_rate(lr, lam, 1e-8, d_z, norm**2))
+    assert crossed is not None and crossed == pytest.approx(predicted, rel=0.03)
+    assert float(w.detach().norm()) == pytest.approx(norm, rel=0.02)  # ‖w‖ constant to first order
+
+
+def test_anchor_dynamics_rejects_bad_input() -> None:
+    from dictcheck.theory.anchor_dynamics import alignment_rate, steps_to_alignment
+
+    with pytest.raises(ValueError, match="d_z must be"):
+        alignment_rate(1e-3, 1e-4, 1e-8, 0, 0.2)
+    with pytest.raises(ValueError, match="need -1 < s0 <= s < 1"):
+        steps_to_alignment(0.9, 0.8, 1e-3)

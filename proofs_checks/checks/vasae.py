@@ -3,7 +3,7 @@ issue 7 item 5, issue 16 items 3–4).
 
 Data: :mod:`dictcheck.proofs_checks.real_protocol` (SmolLM2-135M, cached extraction, the last rows held
 out), at decoder layer :data:`~dictcheck.proofs_checks.real_protocol.LAYER` for the three verdicts and
-at the three depths :data:`DEPTHS` for the alive-aligned counts. Every model (docs/vasae.md §6, §11):
+at the three depths :data:`DEPTHS` for the alive-aligned counts. Every model (docs/vasae.md §6, §10):
 
 * d_z = :data:`D_Z` (the paper: d_z = n_vocab = 49152 for SmolLM2), k = :data:`K`, non-negative TopK;
 * the authors' init (every weight N(0, 0.02), zero biases; option ``init="authors"``);
@@ -16,7 +16,7 @@ and the three kinds:
 * ``plain``: λ_anchor = 0 (docs/vasae.md §4);
 * ``anchored``: λ_anchor = :data:`ANCHOR_COEF` (the paper's main value), nearest mode, the anchor on
   every step (the authors' GPT-2 setting, M = 1) with the nearest tokens refreshed every
-  :data:`REFRESH` steps (M_refresh, recorded in the saved config; docs/vasae.md §3, §11);
+  :data:`REFRESH` steps (M_refresh, recorded in the saved config; docs/vasae.md §3, §10);
 * ``hard``: the hard-tied baseline on the :data:`D_Z` most frequent training tokens (the spec's
   labelled extension ``vocab_subset="top_frequency"``, option ``vocab_ids``), since d_z < n_vocab.
 
@@ -42,6 +42,7 @@ from dictcheck.empirics.metrics import fvu
 from dictcheck.proofs_checks.real_protocol import BATCH, LAYER, N_TOKENS, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sources import VASAE_PAPER
+from dictcheck.theory.anchor_dynamics import alignment_rate, steps_to_alignment
 
 D_Z = 8192
 K = 32
@@ -63,6 +64,10 @@ HARD_MARGIN = 0.1
 #: one made by the decay). Fixed after one pilot run at layer 10 (400 steps: 0.05, 0.64, 0.647, 0.647 at
 #: steps 200–350), which also set STEPS = 500 so that the window ends before the decay.
 SATURATION_RISE = 0.01
+#: Adam's ε (torch's default, which the training loop uses) and the authors' init scale, for the predicted
+#: crossing step of a dead column (docs/vasae.md §10).
+ADAM_EPS = 1e-8
+INIT_STD = 0.02
 #: Negative control of vasae.alignment: against a randomly rotated W_E the anchored model's rate is at most this.
 ROTATED_MAX_RATE = 0.01
 #: The authors' alive-and-aligned counts on GPT-2 at layers 0, 6, 11 of d_z = 50257, with the alive counts
@@ -161,6 +166,25 @@ def saturation(history: dict[str, np.ndarray], alive: np.ndarray) -> dict[str, A
             "rise_per_100_steps": rise, "saturated": rise <= SATURATION_RISE}
 
 
+def predicted_crossing(s0: float, d_in: int, d_z: int) -> float:
+    """Steps for a dead column at the authors' init (‖w‖² = 0.02²·D) to go from s0 to s = 0.8 in the
+    ε-limited regime (:mod:`dictcheck.theory.anchor_dynamics`; a lower bound, docs/vasae.md §10)."""
+    return steps_to_alignment(s0, ALIGNED, alignment_rate(LR, ANCHOR_COEF, ADAM_EPS, d_z, INIT_STD**2 * d_in))
+
+
+def _crossing(anchored: dict[str, Any]) -> dict[str, Any] | None:
+    """The predicted crossing step from the dead columns' mean s at the first refresh (the init), for our
+    sizes and for the authors' GPT-2 sizes at the same s0."""
+    sat = anchored["saturation"]
+    if sat is None or sat["dead_s_mean"][0] is None:
+        return None
+    s0 = sat["dead_s_mean"][0]
+    return {"s0": s0, f"ours (d_z = {D_Z}, D = {real_data().X_train.shape[1]})":
+            predicted_crossing(s0, real_data().X_train.shape[1], D_Z),
+            "authors GPT-2 (d_z = 50257, D = 768)": predicted_crossing(s0, 768, 50257),
+            "note": "ε-limited regime, s0 → 0.8; a lower bound on the steps (docs/vasae.md §10)"}
+
+
 def _public(ev: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ev.items() if not k.startswith("_")}
 
@@ -181,7 +205,7 @@ def _anchor_engaged(plain: dict[str, Any], anchored: dict[str, Any]) -> Control:
 @check(
     "vasae.recon_parity",
     "VASAE reconstructs as well as the plain TopK SAE at the same k",
-    "docs/vasae.md §4, §7 (VE flat in λ_anchor), §11; issues 7, 16",
+    "docs/vasae.md §4, §7 (VE flat in λ_anchor), §10; issues 7, 16",
     predicted=f"SmolLM2 layer {LAYER}, d_z = {D_Z}, k = {K}: |VE(VASAE λ_anchor = {ANCHOR_COEF:g}) − VE(plain)| ≤ "
     f"{PARITY_TOL} on held-out tokens.",
     quick=False,
@@ -213,7 +237,7 @@ def vasae_recon_parity(ctx: CheckContext) -> Outcome:
 @check(
     "vasae.hard_tied_worse",
     "The hard-tied baseline (decoder = W_E, frozen) reconstructs clearly worse",
-    "docs/vasae.md §4, §11; issues 7, 16",
+    "docs/vasae.md §4, §10; issues 7, 16",
     predicted=f"VE(hard-tied, decoder = the {D_Z} most frequent tokens' embeddings) ≤ VE(plain) − {HARD_MARGIN} on "
     "held-out tokens.",
     quick=False,
@@ -261,6 +285,7 @@ def _depth_row(ev: dict[str, Any]) -> dict[str, Any]:
             "coverage": a["coverage"], "ve": ev["ve"], "dead_frac": ev["dead_frac"],
             "dead_s_mean_final": ev["s_mean_dead"], "alive_s_mean": ev["s_mean_alive"],
             "saturated": None if sat is None else sat["saturated"],
+            "dead_aligned_frac_curve": None if sat is None else dict(zip(sat["steps"], sat["dead_aligned_frac"])),
             "rise_per_100_steps": None if sat is None else sat["rise_per_100_steps"],
             "train_cpu_s": ev["train_cpu_s"]}
 
@@ -268,7 +293,7 @@ def _depth_row(ev: dict[str, Any]) -> dict[str, Any]:
 @check(
     "vasae.alignment",
     "Anchoring raises the alignment of ALIVE features (reported next to the all-feature rate, at three depths)",
-    "docs/vasae.md §5, §8, §11; issues 7, 16",
+    "docs/vasae.md §5, §8, §10; issues 7, 16",
     predicted=f"SmolLM2 layer {LAYER}, d_z = {D_Z}: alignment_rate_alive(VASAE) ≥ alignment_rate_alive(plain) + "
     f"{ALIVE_MARGIN} (s_d ≥ "
     f"{ALIGNED} against SmolLM2's input embedding, alive = fires on a held-out token); alignment_rate_all and the "
@@ -319,6 +344,7 @@ def vasae_alignment(ctx: CheckContext) -> Outcome:
             f"moved {plain['s_mean_dead']} → {anchored['s_mean_dead']} and of alive columns "
             f"{plain['s_mean_alive']:.3f} → {anchored['s_mean_alive']:.3f}."),
         details={"plain": _public(plain), "vasae": {f"layer {layer}": _public(ev) for layer, ev in depths.items()},
+                 "predicted_crossing_step": _crossing(anchored),
                  "authors_alive_aligned_gpt2": AUTHORS_ALIVE_ALIGNED, "unsaturated": unsaturated,
                  "training": _training()},
     )

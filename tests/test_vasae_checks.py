@@ -66,11 +66,11 @@ def test_dead_column_alignment_rate_matches_torch_adam(norm: float) -> None:
     w = torch.randn(1, D, generator=gen, dtype=torch.float64)
     w = (w * norm / w.norm()).requires_grad_()
     opt = torch.optim.Adam([w], lr=lr)
-    s0 = float(-anchor_loss(w, E))
+    s0 = -float(anchor_loss(w, E).detach())
     crossed = None
     for t in range(20_000):  # t Adam steps taken so far
         loss = anchor_loss(w, E)  # −cos(w, e_t) for one column
-        if float(-loss) >= 0.8:
+        if -float(loss.detach()) >= 0.8:
             crossed = t
             break
         opt.zero_grad()

@@ -35,6 +35,9 @@ def test_saturation_reads_the_last_interval_before_the_decay() -> None:
     hist["s"][i] = [0.9 if i >= c else 0.1 for c in range(n)] + [0.95]  # one more column crosses in the window
     out = vasae.saturation(hist, alive)
     assert out["rise_per_100_steps"] == pytest.approx(100 / n / vasae.REFRESH) and not out["saturated"]
+    hist["s"][i] = [0.1] * n + [0.95]  # every dead column falls back in the window: no plateau either
+    out = vasae.saturation(hist, alive)
+    assert out["rise_per_100_steps"] < -vasae.SATURATION_RISE and not out["saturated"]
 
 
 def test_saturation_without_dead_columns_or_refreshes_is_not_saturated() -> None:

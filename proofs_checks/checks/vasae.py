@@ -343,8 +343,9 @@ def vasae_alignment(ctx: CheckContext) -> Outcome:
         finding=None if holds else (
             f"alive-feature alignment is not raised by {ALIVE_MARGIN}: VASAE {rate_v} vs plain {rate_p} (all features: VASAE "
             f"{a_v['alignment_rate_all']:.4f}, plain {a_p['alignment_rate_all']:.4f}); the mean s of dead columns "
-            f"moved {plain['s_mean_dead']} → {anchored['s_mean_dead']} and of alive columns "
-            f"{plain['s_mean_alive']:.3f} → {anchored['s_mean_alive']:.3f}."),
+            f"moved {plain['s_mean_dead']:.3f} → {anchored['s_mean_dead']:.3f} and of alive columns "
+            f"{plain['s_mean_alive']:.3f} → {anchored['s_mean_alive']:.3f}"
+            + (f"; the dead columns' alignment did not saturate at {', '.join(unsaturated)}." if unsaturated else ".")),
         details={"plain": _public(plain), "vasae": {f"layer {layer}": _public(ev) for layer, ev in depths.items()},
                  "predicted_crossing_step": _crossing(anchored),
                  "authors_alive_aligned_gpt2": AUTHORS_ALIVE_ALIGNED, "unsaturated": unsaturated,

@@ -7,11 +7,13 @@ Data (fixed once, Decision): SmolLM2-135M-Instruct (:func:`dictcheck.empirics.lm
 2 busy cores, plus the ~20–60 s model load) happens once into a cache keyed by these settings,
 ``<tempdir>/dictcheck-real/<key>/`` (activations, the frozen W_E as ``embedding.npy`` and the
 training tokens' counts ``token_counts.npy``); later runs open it (shard SHA-256s verified) without
-loading the model. :func:`train_real` writes trained models under ``out_dir/real_models/`` and
-reuses them (``train(resume=True)``) within a run and across reruns into the same out_dir.
+loading the model. ``real_data(layer)`` extracts and caches another layer the same way (the vasae.*
+checks also read layers 0 and 28). :func:`train_real` writes trained models under
+``out_dir/real_models/`` and reuses them (``train(resume=True)``) within a run and across reruns into
+the same out_dir.
 
-Widths are far below the paper's (d_z = n_vocab = 49152): every model here has :data:`D_SAE` latents,
-so that each check fits in about 2–3 minutes on 2 CPU cores.
+Widths are far below the paper's (d_z = n_vocab = 49152): models have :data:`D_SAE` latents unless a
+check passes ``d_sae`` (vasae.*: 8192), so that each check fits in a few minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ class RealData:
     manifest: dict[str, Any]
 
     def describe(self) -> dict[str, Any]:
-        return {"model": MODEL, "layer": self.manifest.get("layer"), "hook": self.manifest.get("hook"), "n_train": len(self.X_train),
-                "n_eval": len(self.X_eval), "context": CONTEXT, "seed": EXTRACT_SEED,
+        return {"model": MODEL, "layer": self.manifest.get("layer"), "hook": self.manifest.get("hook"),
+                "n_train": len(self.X_train), "n_eval": len(self.X_eval), "context": CONTEXT, "seed": EXTRACT_SEED,
                 "corpus": self.manifest.get("corpus"), "cache": str(Path(self.embedding_path).parent)}
 
 

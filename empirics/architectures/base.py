@@ -7,8 +7,10 @@ An architecture is a subclass of :class:`Architecture` registered with :func:`re
   its non-weight fields, docs/ecosystem.md §1);
 * ``saved_name``: the SAELens ``architecture`` string of cfg.json; ``k_in_cfg``: whether ``k`` is a
   SAELens top-level cfg field; ``apply_b_dec_to_input``: the saved default;
-* ``decoder_norm``: the decoder-norm policy (docs/ecosystem.md §3); ``b_dec_inits``: the centring
-  rules the training loop may use (the first is the default; ``"none"``: no centring vector);
+* ``decoder_norm``: the decoder-norm policy (docs/ecosystem.md §3), and
+  :meth:`decoder_constraint_violation`, how far a model's decoder is from it (None for ``"none"``);
+  ``b_dec_inits``: the centring rules the training loop may use (the first is the default;
+  ``"none"``: no centring vector);
 * :meth:`default_lr`, a typed options dataclass ``Options`` (a subclass of :class:`ArchOptions`;
   defaults, CLI help and CLI type as field metadata, made with :func:`option`), its weight schema
   (:meth:`weight_schema`), its exactness under DDP (:meth:`ddp_inexactness`) and how to build it
@@ -165,6 +167,15 @@ class Architecture:
         of ``batch_size`` rows, ``elem`` bytes per number: :data:`STEP_COPIES` copies of the batch at
         input and at code width (pre-activations, codes, reconstruction, their gradients)."""
         return STEP_COPIES * batch_size * (d_in + d_sae) * elem
+
+    def decoder_constraint_violation(self, model: Featurizer) -> float | None:
+        """How far ``model``'s decoder is from the constraint ``decoder_norm`` declares, in float64 (0.0 when it
+        holds exactly; the training loop restores it after every step), or None when the architecture declares
+        no decoder constraint (``decoder_norm = "none"``). Subclasses with a constraint override this."""
+        if self.decoder_norm != "none":
+            raise NotImplementedError(f"arch {self.name!r} declares decoder_norm {self.decoder_norm!r} but does not "
+                                      "measure it")
+        return None
 
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         """Why P ranks with global batch B do NOT train exactly what one process with batch B trains,

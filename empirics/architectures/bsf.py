@@ -124,6 +124,12 @@ class BlockSparse(Architecture):
         return {"W_enc": ((d_in, d_sae), True), "b_enc": ((d_sae,), True), "W_dec": ((d_sae, d_in), True),
                 "b_dec": ((d_in,), False)}
 
+    def decoder_constraint_violation(self, model: Featurizer) -> float:
+        """max_g |‖W_g‖_F − 1| over the decoder blocks W_g ∈ R^{D×q}, in float64 (docs/bsf.md §3.1)."""
+        with torch.no_grad():
+            norms = model.decoder_blocks().detach().to(torch.float64).norm(dim=(1, 2))
+        return float((norms - 1.0).abs().max())
+
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         if float(getattr(options, "denoise", 0.0)) > 0:
             return ("the denoising noise is drawn per rank and scaled by each rank's own batch std "
@@ -163,6 +169,14 @@ class Grassmann(BlockSparse):
 
     def block_schema(self, d_in: int, d_sae: int, n_b: int, q: int) -> Schema:
         return {"B": ((n_b, d_in, q), True), "log_gamma": ((), True), "b_dec": ((d_in,), False)}
+
+    def decoder_constraint_violation(self, model: Featurizer) -> float:
+        """max_g ‖W_gᵀW_g − I_q‖_F of the frames W_g (the sign-fixed QR of the raw B_g), in float64
+        (docs/bsf.md §3.2: orthonormal frames, W_g a point of the Stiefel manifold)."""
+        with torch.no_grad():
+            W = model.decoder_blocks().detach().to(torch.float64)
+            eye = torch.eye(W.shape[-1], dtype=torch.float64)
+            return float((W.transpose(1, 2) @ W - eye).norm(dim=(1, 2)).max())
 
 
 @register

@@ -130,6 +130,12 @@ class LinearSAE(Architecture):
     def weight_schema(self, d_in: int, d_sae: int, fields: Mapping[str, Any]) -> Schema:
         return linear_schema(d_in, d_sae)
 
+    def decoder_constraint_violation(self, model: Featurizer) -> float:
+        """max_d |‖w_d‖ − 1| over the decoder rows (atoms) W_dec[d], in float64 (docs/ecosystem.md §3 unit norm)."""
+        with torch.no_grad():
+            norms = model.W_dec.detach().to(torch.float64).norm(dim=1)
+        return float((norms - 1.0).abs().max())
+
     def init_model(self, d_in: int, d_sae: int, options: ArchOptions, *, seed: int, dtype: torch.dtype) -> Featurizer:
         """The model of :func:`make_sae`; b_dec stops taking gradients when ``freeze_b_dec`` (Adam then leaves it
         where the training loop's centring rule put it)."""

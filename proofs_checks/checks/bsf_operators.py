@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.architectures import build_model
+from dictcheck.empirics.architectures import architecture, build_model
 from dictcheck.empirics.training import TrainConfig, torch_threads, train
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 from dictcheck.proofs_checks.sources import BSF_PAPER, THEORY_PAPER
@@ -192,14 +192,6 @@ def _sum_of_circles(rng: np.random.Generator, D: int, n_circles: int, k_true: in
     return X + noise * rng.normal(size=X.shape)
 
 
-def _orthonormality_error(model: Any) -> float:
-    """max_g ‖W_gᵀW_g − I_q‖_F of the model's current (QR-parametrised) frames."""
-    with torch.no_grad():
-        W = model.decoder_blocks().to(torch.float64)
-        eye = torch.eye(W.shape[-1], dtype=torch.float64)
-        return float((W.transpose(1, 2) @ W - eye).norm(dim=(1, 2)).max())
-
-
 def _raw_departure(model: Any) -> float:
     """max_g ‖B_gᵀB_g − I_q‖_F of the raw parameters: how far B itself moved off the Stiefel manifold."""
     with torch.no_grad():
@@ -224,11 +216,12 @@ def grassmann_orthonormal(ctx: CheckContext) -> Outcome:
     X = _sum_of_circles(rng, p["D"], p["n_circles"], p["k_true"], p["N"], p["noise"])
     model = build_model("bsf-grassmann", X.shape[1], p["n_b"] * p["q"], {"k": p["k"], "block_size": p["q"]},
                         seed=ctx.seed, dtype=getattr(torch, p["dtype"]))
-    errors = [_orthonormality_error(model)]  # at init (before the first step)
+    arch = architecture("bsf-grassmann")
+    errors = [arch.decoder_constraint_violation(model)]  # at init (before the first step)
     cfg = TrainConfig(steps=p["steps"], batch_size=p["batch_size"], lr=p["lr"], seed=ctx.seed, device="cpu",
                       checkpoint_every=0, log_every=p["steps"], keep_checkpoints=1)
     with torch_threads(1):
-        result = train(model, X, cfg, progress=False, on_step=lambda step: errors.append(_orthonormality_error(model)))
+        result = train(model, X, cfg, progress=False, on_step=lambda step: errors.append(arch.decoder_constraint_violation(model)))
     measured = {"max_orthonormality_error": max(errors), "steps_measured": len(errors) - 1,
                 "final_raw_B_departure": _raw_departure(model), "final_gamma": float(model.gamma.detach()),
                 "final_loss": float(result.final_loss)}

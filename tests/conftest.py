@@ -1,0 +1,24 @@
+"""Hypothesis profiles of the test suite.
+
+* Default (CI, ``make test``): hypothesis' own defaults, and each test's explicit ``@settings``; the trained-side
+  properties (tests/test_trained_properties.py) run a few examples each (tests/trained_properties.py,
+  :func:`trained_settings`).
+* ``DICTCHECK_HYPOTHESIS_PROFILE=slow`` (``make test-slow``): more examples for every hypothesis test without an
+  explicit count, and the slow counts of the trained-side properties.
+
+Both keep hypothesis' example database (``.hypothesis/``, git-ignored): a failing example is shrunk and stored,
+and the next run replays it first.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import settings
+
+PROFILE_ENV = "DICTCHECK_HYPOTHESIS_PROFILE"
+
+settings.register_profile("slow", max_examples=300, deadline=None)
+
+if os.environ.get(PROFILE_ENV):
+    settings.load_profile(os.environ[PROFILE_ENV])

@@ -23,8 +23,11 @@ run: $(STAMP)
 # staged copy of the installed layout: dictcheck/ with theory, solvers, empirics, proofs_checks inside.
 LINT_STAGE := .lint-stage
 
+# make test HYPOTHESIS_PROFILE=thorough: more hypothesis examples (tests/conftest.py).
+HYPOTHESIS_PROFILE ?=
+
 test: $(STAMP) lint-imports
-	$(PY) -m pytest
+	DICTCHECK_HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE) $(PY) -m pytest
 
 lint-imports: $(STAMP)
 	rm -rf $(LINT_STAGE) && mkdir -p $(LINT_STAGE)/dictcheck

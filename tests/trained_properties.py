@@ -29,14 +29,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from dictcheck.empirics.architectures import REGISTRY, architecture, build_model
-from dictcheck.empirics.distributed import World, current_world
+from dictcheck.empirics.distributed import World, process_group
 from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.manifold_toy import ManifoldConfig, make_manifold_benchmark
 from dictcheck.empirics.metrics import unit_atom_objective
@@ -58,16 +57,16 @@ from dictcheck.theory.objective import to_unit_atoms
 
 # ------------------------------------------------------------------------------------------------- settings
 
-#: ``DICTCHECK_HYPOTHESIS_PROFILE=slow`` (tests/conftest.py) selects the slow profile: more examples here too.
+#: The environment variable of tests/conftest.py: ``thorough`` selects more examples here too.
 PROFILE_ENV = "DICTCHECK_HYPOTHESIS_PROFILE"
 
 
-def trained_settings(ci: int, slow: int) -> settings:
-    """Hypothesis settings of a trained-side property: ``ci`` examples by default (CI), ``slow`` under the slow
-    profile. No deadline (a training run takes ~0.1–1 s), the example database kept (a shrunk failure is
-    replayed first on the next run), and the reproduction blob printed with a failure."""
-    slow_profile = os.environ.get(PROFILE_ENV, "") == "slow"
-    return settings(max_examples=slow if slow_profile else ci, deadline=None, print_blob=True,
+def trained_settings(ci: int, thorough: int) -> settings:
+    """Hypothesis settings of a trained-side property: ``ci`` examples by default (CI), ``thorough`` under the
+    thorough profile. No deadline (a training run takes ~0.1–1 s), the example database kept (a shrunk failure
+    is replayed first on the next run), and the reproduction blob printed with a failure."""
+    n = thorough if os.environ.get(PROFILE_ENV, "") == "thorough" else ci
+    return settings(max_examples=n, deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
 
@@ -318,6 +317,7 @@ class LinearDictionary:
 KKT_TOL = 1e-8
 
 
+@torch_threads(1)
 def objective_chain_violations(model: Featurizer, problem: Problem) -> list[str]:
     """On the training rows and on the held-out rows, with λ the problem's:
 
@@ -351,6 +351,7 @@ def objective_chain_violations(model: Featurizer, problem: Problem) -> list[str]
 
 # ------------------------------------------------------------------------------------------------- polish
 
+@torch_threads(1)
 def polish_violations(model: Featurizer, problem: Problem) -> list[str]:
     """Polishing the decoder and b_dec on the training rows (:func:`dictcheck.solvers.polish.polish_dictionary`,
     block coordinate descent on objective (1)) never raises the objective: every sweep's value is at most the
@@ -391,6 +392,7 @@ def constraint_tolerance(model: Featurizer) -> float:
     return (4 * D * q if policy == "qr_orthonormal" else D * q + 2) * eps
 
 
+@torch_threads(1)
 def constraint_violations(run: Run) -> list[str]:
     """Train ``run`` and measure the declared decoder constraint (:meth:`Architecture.decoder_constraint_violation`:
     unit rows, unit-Frobenius blocks, orthonormal Grassmannian frames) on the fresh model and after every step
@@ -420,6 +422,7 @@ def lift_rank_bound(model: Featurizer) -> int:
     return int(model.d_sae if n_atoms is None else min(model.d_sae, n_atoms))
 
 
+@torch_threads(1)
 def lifted_floor_violations(model: Featurizer, problem: Problem) -> list[str]:
     """On training and held-out rows: the lifted NMSE (1/N) Σ ‖T_i − T̂_i‖²_F of the unit tokens is at least the
     lifted-PCA floor at the model's rank bound r, 1 − (top-r squared singular values of the lifts)/N
@@ -498,6 +501,7 @@ def saelens_reader(arch: str) -> str | None:
     return readers[0] if readers else None
 
 
+@torch_threads(1)
 def save_load_violations(run: Run, folder: Path) -> list[str]:
     """Train ``run`` into ``folder`` (the SAELens layout :func:`train` writes) and reload it with
     :func:`load_featurizer`: the weights and the codes and reconstruction on training and held-out rows must be
@@ -534,6 +538,7 @@ class StopTraining(Exception):
     """Raised from ``on_step`` to stop a run after a given step (a kill without the process)."""
 
 
+@torch_threads(1)
 def resume_violations(run: Run, stop: int, folder: Path) -> list[str]:
     """Train ``run`` uninterrupted into ``folder/full``; train it again into ``folder/part`` but stop after step
     ``stop`` (after that step's checkpoint, if any), then resume a freshly built model from the newest checkpoint
@@ -594,22 +599,22 @@ class _SameShardWorld(World):
 
 
 def _ddp_worker(rank: int, port: int, jobs: list[Run], folder: str, broken_shard: bool) -> None:
-    """One of two gloo ranks: train every job with this process group as the world; rank 0 saves the weights."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    """One of two gloo ranks: join the group as torchrun would describe it (:func:`process_group`, which also
+    collects the DDP wrappers before leaving it), train every job with it as the world; rank 0 saves the
+    weights."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        world = current_world()
+    with process_group(cuda=False) as world:
         if broken_shard:
             world = _SameShardWorld(rank=world.rank, size=world.size, local_rank=world.local_rank, device=world.device)
         for i, job in enumerate(jobs):
-            result = train(job.build(), job.rows, job.config, progress=False, world=world)
+            weights = train(job.build(), job.rows, job.config, progress=False, world=world).weights
             if rank == 0:
-                torch.save(result.weights, Path(folder) / f"job_{i}.pt")
-    finally:
-        dist.destroy_process_group()
+                torch.save(weights, Path(folder) / f"job_{i}.pt")
 
 
+@torch_threads(1)
 def ddp_violations(jobs: list[Run], folder: Path, *, broken_shard: bool = False) -> list[str]:
     """Train every job with two gloo ranks (spawned processes, one torch thread each, global batch
     ``batch_size``) and in this process: the weights must agree to :data:`DDP_ATOL` (docs of

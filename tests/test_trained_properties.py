@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,64 +48,86 @@ from dictcheck.solvers import polish
 # ------------------------------------------------------------------------------------------------- properties
 
 
-@trained_settings(ci=6, thorough=150)
-@given(run=runs(archs=is_linear))
-def test_huber_bound_exact_codes_encoder_chain_and_kkt(run: Run) -> None:
+# Every property is parametrised by architecture, so that the default (CI) profile trains every registered
+# architecture the property applies to; hypothesis draws the rest (toy, size, seed, width, options, budget).
+
+
+def _archs(applies: Callable[[str], bool]) -> list[str]:
+    return [name for name in REGISTRY if applies(name)]
+
+
+def _run_of(data: st.DataObject, arch: str, **kw: Any) -> Run:
+    return data.draw(runs(archs=lambda name: name == arch, **kw), label="run")
+
+
+@pytest.mark.parametrize("arch", _archs(is_linear))
+@trained_settings(ci=2, thorough=30)
+@given(data=st.data())
+def test_huber_bound_exact_codes_encoder_chain_and_kkt(arch: str, data: st.DataObject) -> None:
     """H(b*) ≤ H(b_dec) ≤ O(exact codes) ≤ O(encoder codes), KKT-z of the exact codes, on train and held-out."""
-    result = run.train()
-    violations = objective_chain_violations(result.model, run.problem)
+    run = _run_of(data, arch)
+    violations = objective_chain_violations(run.train().model, run.problem)
     assert not violations, "\n".join(violations)
 
 
-@trained_settings(ci=3, thorough=60)
-@given(run=runs(problem=problems(n=(24, 96), d=(2, 4)),
-                archs=lambda name: is_linear(name) and name != "abs", max_width=5))
-def test_polish_never_raises_the_objective_and_ends_stationary(run: Run) -> None:
-    result = run.train()
-    violations = polish_violations(result.model, run.problem)
+@pytest.mark.parametrize("arch", _archs(lambda name: is_linear(name) and name != "abs"))
+@trained_settings(ci=1, thorough=12)
+@given(data=st.data())
+def test_polish_never_raises_the_objective_and_ends_stationary(arch: str, data: st.DataObject) -> None:
+    """Polishing descends monotonically and ends stationary (``abs``' signed atoms are not objective (1)'s
+    non-negative dictionary that polishing takes)."""
+    run = _run_of(data, arch, problem=problems(n=(24, 96), d=(2, 4)), max_width=5)
+    violations = polish_violations(run.train().model, run.problem)
     assert not violations, "\n".join(violations)
 
 
-@trained_settings(ci=6, thorough=150)
-@given(run=runs(archs=declares_constraint))
-def test_decoder_constraints_hold_after_every_step(run: Run) -> None:
-    violations = constraint_violations(run)
+@pytest.mark.parametrize("arch", _archs(declares_constraint))
+@trained_settings(ci=2, thorough=20)
+@given(data=st.data())
+def test_decoder_constraints_hold_after_every_step(arch: str, data: st.DataObject) -> None:
+    violations = constraint_violations(_run_of(data, arch))
     assert not violations, "\n".join(violations[:10])
 
 
-@trained_settings(ci=4, thorough=100)
-@given(run=runs(archs=lambda name: architecture(name).family == "bilinear"))
-def test_bilinear_lifted_nmse_at_least_the_lifted_pca_floor(run: Run) -> None:
-    result = run.train()
-    violations = lifted_floor_violations(result.model, run.problem)
+@pytest.mark.parametrize("arch", _archs(lambda name: architecture(name).family == "bilinear"))
+@trained_settings(ci=2, thorough=30)
+@given(data=st.data())
+def test_bilinear_lifted_nmse_at_least_the_lifted_pca_floor(arch: str, data: st.DataObject) -> None:
+    run = _run_of(data, arch)
+    violations = lifted_floor_violations(run.train().model, run.problem)
     assert not violations, "\n".join(violations)
 
 
-@trained_settings(ci=6, thorough=150)
-@given(run=runs(steps=(1, 40)))
-def test_save_load_reproduces_encode_and_decode_exactly(run: Run) -> None:
+@pytest.mark.parametrize("arch", _archs(lambda name: True))
+@trained_settings(ci=1, thorough=12)
+@given(data=st.data())
+def test_save_load_reproduces_encode_and_decode_exactly(arch: str, data: st.DataObject) -> None:
+    run = _run_of(data, arch, steps=(1, 40))
     with tempfile.TemporaryDirectory() as tmp:
         violations = save_load_violations(run, Path(tmp))
     assert not violations, "\n".join(violations)
 
 
-@trained_settings(ci=6, thorough=150)
-@given(data=st.data(), run=runs(steps=(1, 40), checkpoint_every=True))
-def test_resume_after_a_stop_equals_the_uninterrupted_run(data: st.DataObject, run: Run) -> None:
-    stop = data.draw(st.integers(1, run.config.steps), label="stop after step")
+@pytest.mark.parametrize("arch", _archs(lambda name: True))
+@trained_settings(ci=1, thorough=12)
+@given(data=st.data())
+def test_resume_after_a_stop_equals_the_uninterrupted_run(arch: str, data: st.DataObject) -> None:
+    """The stop is drawn at or after the first checkpoint (before it, resuming is a fresh start)."""
+    run = _run_of(data, arch, steps=(1, 40), checkpoint_every=True)
+    stop = data.draw(st.integers(run.config.checkpoint_every, run.config.steps), label="stop after step")
     with tempfile.TemporaryDirectory() as tmp:
         violations = resume_violations(run, stop, Path(tmp))
     assert not violations, "\n".join(violations)
 
 
-_DDP_RUNS = runs(archs=lambda name: name in REGISTRY, steps=(1, 25), dtypes=(torch.float64,),
-                 batch_sizes=(8, 16, 32)).filter(ddp_exact)
-
-
-@trained_settings(ci=1, thorough=20)
-@given(jobs=st.lists(_DDP_RUNS, min_size=1, max_size=3))
-def test_two_gloo_ranks_equal_one_process_for_the_exact_architectures(jobs: list[Run]) -> None:
-    """All drawn jobs share one pair of spawned ranks (process start-up is most of the cost)."""
+@trained_settings(ci=1, thorough=10)
+@given(data=st.data())
+def test_two_gloo_ranks_equal_one_process_for_the_exact_architectures(data: st.DataObject) -> None:
+    """One run drawn per architecture, kept where its drawn options are declared exact (:func:`ddp_exact`); all
+    share one pair of spawned ranks (process start-up is most of the cost)."""
+    drawn = [_run_of(data, name, steps=(1, 25), dtypes=(torch.float64,)) for name in REGISTRY]
+    jobs = [run for run in drawn if ddp_exact(run)]
+    assert jobs, "no architecture drew options declared exact under DDP"
     with tempfile.TemporaryDirectory() as tmp:
         violations = ddp_violations(jobs, Path(tmp))
     assert not violations, "\n".join(violations)
@@ -282,16 +306,12 @@ def test_resume_fails_when_the_batch_rng_state_is_not_restored(monkeypatch: pyte
     assert any("resumed after step 12 (from 10)" in v for v in violations), violations
 
 
-def test_ddp_fails_when_both_ranks_read_the_same_half_of_the_batch(tmp_path: Path) -> None:
+def test_ddp_fails_when_both_ranks_read_the_same_half_or_the_architecture_is_declared_inexact(tmp_path: Path) -> None:
+    """Two controls in one pair of ranks: relu (exact) with both ranks reading the same half of the batch; and
+    batchtopk (declared inexact: each rank keeps the top k·B/P of its own tokens), asked anyway."""
     problem = make_problem("clusters", seed=0, n=60, d=4)
-    jobs = [_run(problem, "relu", 4, {"lam": 0.1}, steps=8)]
-    violations = ddp_violations(jobs, tmp_path, broken_shard=True)
-    assert violations and "two ranks' " in violations[0], violations
-
-
-def test_ddp_property_fails_for_an_architecture_declared_inexact(tmp_path: Path) -> None:
-    """batchtopk keeps the top k·B/P of each rank (declared): the property, asked anyway, reports it."""
-    job = _run(make_problem("clusters", seed=0, n=60, d=4), "batchtopk", 4, {"k": 1}, steps=8)
-    assert not ddp_exact(job)
-    violations = ddp_violations([job], tmp_path)
-    assert violations, "two ranks of batchtopk trained exactly what one process trains"
+    jobs = [_run(problem, "relu", 4, {"lam": 0.1}, steps=8), _run(problem, "batchtopk", 4, {"k": 1}, steps=8)]
+    assert ddp_exact(jobs[0]) and not ddp_exact(jobs[1])
+    violations = ddp_violations(jobs, tmp_path, broken_shard=frozenset({0}))
+    for i, job in enumerate(jobs):
+        assert any(v.startswith(f"job {i} ({job.arch}): two ranks' ") for v in violations), violations

@@ -103,8 +103,12 @@ class Problem:
         """Whether a row is exactly 0 (a bilinear batch of zero rows has no token: ValueError by design)."""
         return bool(np.any(~np.any(self.X, axis=1)))
 
-    def __repr__(self) -> str:  # what hypothesis prints for a failing example
+    def __repr__(self) -> str:
         return f"Problem({self.name!r}, {self.params}, N={self.X.shape[0]}, D={self.D}, lam={self.lam:g})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """What hypothesis prints for a failing example: the repr (the toy is rebuilt from name and params)."""
+        printer.text(repr(self))
 
 
 def _split(X_cols: NDArray, seed: int) -> tuple[NDArray, NDArray]:
@@ -271,7 +275,7 @@ def runs(draw: st.DrawFn, problem: st.SearchStrategy[Problem] | None = None,
     config = TrainConfig(steps=n_steps, batch_size=draw(st.sampled_from(batch_sizes)), lr=lr,
                          seed=draw(st.integers(0, 2**16)), device="cpu", b_dec_init=b_dec_init,
                          log_every=draw(st.integers(1, 40)), keep_checkpoints=2,
-                         checkpoint_every=draw(st.integers(0, n_steps)) if checkpoint_every else 0)
+                         checkpoint_every=draw(st.integers(1, n_steps)) if checkpoint_every else 0)
     return Run(prob, arch, d_sae, options, draw(st.sampled_from(dtypes)), config)
 
 
@@ -598,27 +602,28 @@ class _SameShardWorld(World):
         return idx[: idx.shape[0] // self.size]
 
 
-def _ddp_worker(rank: int, port: int, jobs: list[Run], folder: str, broken_shard: bool) -> None:
+def _ddp_worker(rank: int, port: int, jobs: list[Run], folder: str, broken_shard: frozenset[int]) -> None:
     """One of two gloo ranks: join the group as torchrun would describe it (:func:`process_group`, which also
-    collects the DDP wrappers before leaving it), train every job with it as the world; rank 0 saves the
-    weights."""
+    collects the DDP wrappers before leaving it), train every job with it as the world (jobs in ``broken_shard``
+    with :class:`_SameShardWorld`); rank 0 saves the weights."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2")
     torch.set_num_threads(1)
     with process_group(cuda=False) as world:
-        if broken_shard:
-            world = _SameShardWorld(rank=world.rank, size=world.size, local_rank=world.local_rank, device=world.device)
         for i, job in enumerate(jobs):
-            weights = train(job.build(), job.rows, job.config, progress=False, world=world).weights
+            job_world = (_SameShardWorld(rank=world.rank, size=world.size, local_rank=world.local_rank,
+                                         device=world.device) if i in broken_shard else world)
+            weights = train(job.build(), job.rows, job.config, progress=False, world=job_world).weights
             if rank == 0:
                 torch.save(weights, Path(folder) / f"job_{i}.pt")
 
 
 @torch_threads(1)
-def ddp_violations(jobs: list[Run], folder: Path, *, broken_shard: bool = False) -> list[str]:
+def ddp_violations(jobs: list[Run], folder: Path, *, broken_shard: frozenset[int] = frozenset()) -> list[str]:
     """Train every job with two gloo ranks (spawned processes, one torch thread each, global batch
     ``batch_size``) and in this process: the weights must agree to :data:`DDP_ATOL` (docs of
-    ``empirics.distributed``, "Equivalence"; only for architectures declared exact, :func:`ddp_exact`)."""
+    ``empirics.distributed``, "Equivalence"; only for architectures declared exact, :func:`ddp_exact`).
+    ``broken_shard``: indices of jobs whose ranks all read rank 0's half of the batch (negative control only)."""
     mp.spawn(_ddp_worker, args=(_free_port(), jobs, str(folder), broken_shard), nprocs=2, join=True)
     out = []
     for i, job in enumerate(jobs):

@@ -71,7 +71,7 @@ def test_huber_bound_exact_codes_encoder_chain_and_kkt(arch: str, data: st.DataO
 
 
 @pytest.mark.parametrize("arch", _archs(lambda name: is_linear(name) and name != "abs"))
-@trained_settings(ci=1, thorough=12)
+@trained_settings(ci=2, thorough=12)
 @given(data=st.data())
 def test_polish_never_raises_the_objective_and_ends_stationary(arch: str, data: st.DataObject) -> None:
     """Polishing descends monotonically and ends stationary (``abs``' signed atoms are not objective (1)'s
@@ -99,7 +99,7 @@ def test_bilinear_lifted_nmse_at_least_the_lifted_pca_floor(arch: str, data: st.
 
 
 @pytest.mark.parametrize("arch", _archs(lambda name: True))
-@trained_settings(ci=1, thorough=12)
+@trained_settings(ci=2, thorough=12)
 @given(data=st.data())
 def test_save_load_reproduces_encode_and_decode_exactly(arch: str, data: st.DataObject) -> None:
     run = _run_of(data, arch, steps=(1, 40))
@@ -109,27 +109,42 @@ def test_save_load_reproduces_encode_and_decode_exactly(arch: str, data: st.Data
 
 
 @pytest.mark.parametrize("arch", _archs(lambda name: True))
-@trained_settings(ci=1, thorough=12)
+@trained_settings(ci=2, thorough=12)
 @given(data=st.data())
 def test_resume_after_a_stop_equals_the_uninterrupted_run(arch: str, data: st.DataObject) -> None:
-    """The stop is drawn at or after the first checkpoint (before it, resuming is a fresh start)."""
-    run = _run_of(data, arch, steps=(1, 40), checkpoint_every=True)
-    stop = data.draw(st.integers(run.config.checkpoint_every, run.config.steps), label="stop after step")
+    """The stop is drawn at or after the first checkpoint (before it, resuming is a fresh start) and before the
+    last step (at it, there is nothing left to resume)."""
+    run = _run_of(data, arch, steps=(2, 40), checkpoint_every=True)
+    stop = data.draw(st.integers(run.config.checkpoint_every, run.config.steps - 1), label="stop after step")
     with tempfile.TemporaryDirectory() as tmp:
         violations = resume_violations(run, stop, Path(tmp))
     assert not violations, "\n".join(violations)
 
 
-@trained_settings(ci=1, thorough=10)
+def _ddp_controls() -> list[Run]:
+    """Negative controls carried by every DDP example: relu (declared exact) trained with both ranks reading the
+    same half of the batch, and batchtopk (declared inexact: each rank keeps the top k·B/P of its own tokens)."""
+    problem = make_problem("clusters", seed=0, n=60, d=4)
+    return [_run(problem, "relu", 4, {"lam": 0.1}, steps=8), _run(problem, "batchtopk", 4, {"k": 1}, steps=8)]
+
+
+@trained_settings(ci=2, thorough=10)
 @given(data=st.data())
 def test_two_gloo_ranks_equal_one_process_for_the_exact_architectures(data: st.DataObject) -> None:
     """One run drawn per architecture, kept where its drawn options are declared exact (:func:`ddp_exact`); all
-    share one pair of spawned ranks (process start-up is most of the cost)."""
+    share one pair of spawned ranks (process start-up is most of the cost), with the two controls of
+    :func:`_ddp_controls` after them, which must be reported."""
     drawn = [_run_of(data, name, steps=(1, 25), dtypes=(torch.float64,)) for name in REGISTRY]
     jobs = [run for run in drawn if ddp_exact(run)]
     assert jobs, "no architecture drew options declared exact under DDP"
+    controls = _ddp_controls()
+    assert ddp_exact(controls[0]) and not ddp_exact(controls[1])
     with tempfile.TemporaryDirectory() as tmp:
-        violations = ddp_violations(jobs, Path(tmp))
+        violations = ddp_violations(jobs + controls, Path(tmp), broken_shard=frozenset({len(jobs)}))
+    prefixes = tuple(f"job {len(jobs) + i} ({c.arch}): two ranks' " for i, c in enumerate(controls))
+    for prefix in prefixes:
+        assert any(v.startswith(prefix) for v in violations), f"control not reported: {prefix!r}"
+    violations = [v for v in violations if not v.startswith(prefixes)]
     assert not violations, "\n".join(violations)
 
 
@@ -304,14 +319,3 @@ def test_resume_fails_when_the_batch_rng_state_is_not_restored(monkeypatch: pyte
     monkeypatch.setattr(training, "resume_checkpoint", fresh_batch_rng)
     violations = resume_violations(run, 12, tmp_path / "broken")
     assert any("resumed after step 12 (from 10)" in v for v in violations), violations
-
-
-def test_ddp_fails_when_both_ranks_read_the_same_half_or_the_architecture_is_declared_inexact(tmp_path: Path) -> None:
-    """Two controls in one pair of ranks: relu (exact) with both ranks reading the same half of the batch; and
-    batchtopk (declared inexact: each rank keeps the top k·B/P of its own tokens), asked anyway."""
-    problem = make_problem("clusters", seed=0, n=60, d=4)
-    jobs = [_run(problem, "relu", 4, {"lam": 0.1}, steps=8), _run(problem, "batchtopk", 4, {"k": 1}, steps=8)]
-    assert ddp_exact(jobs[0]) and not ddp_exact(jobs[1])
-    violations = ddp_violations(jobs, tmp_path, broken_shard=frozenset({0}))
-    for i, job in enumerate(jobs):
-        assert any(v.startswith(f"job {i} ({job.arch}): two ranks' ") for v in violations), violations

@@ -256,7 +256,8 @@ def runs(draw: st.DrawFn, problem: st.SearchStrategy[Problem] | None = None,
          checkpoint_every: bool = False) -> Run:
     """A run: a problem, an architecture of the registry accepted by ``archs``, a width, options, a dtype, a seed,
     a learning rate (the architecture's default or drawn), a centring rule the architecture allows and a
-    short budget of ``steps`` (with ``checkpoint_every``, also a checkpoint interval)."""
+    short budget of ``steps`` (with ``checkpoint_every``, also a checkpoint interval, before the last step when
+    there are two or more)."""
     names = [name for name in REGISTRY if archs(name)]
     arch = draw(st.sampled_from(names))
     prob = draw(problem if problem is not None else
@@ -275,7 +276,7 @@ def runs(draw: st.DrawFn, problem: st.SearchStrategy[Problem] | None = None,
     config = TrainConfig(steps=n_steps, batch_size=draw(st.sampled_from(batch_sizes)), lr=lr,
                          seed=draw(st.integers(0, 2**16)), device="cpu", b_dec_init=b_dec_init,
                          log_every=draw(st.integers(1, 40)), keep_checkpoints=2,
-                         checkpoint_every=draw(st.integers(1, n_steps)) if checkpoint_every else 0)
+                         checkpoint_every=draw(st.integers(1, max(1, n_steps - 1))) if checkpoint_every else 0)
     return Run(prob, arch, d_sae, options, draw(st.sampled_from(dtypes)), config)
 
 

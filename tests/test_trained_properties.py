@@ -42,6 +42,7 @@ from trained_properties import (
 
 from dictcheck.empirics import bilinear_models, bsf_models, checkpoints, metrics, sae_folder, sae_models, training
 from dictcheck.empirics.architectures import REGISTRY, architecture, build_model
+from dictcheck.empirics.featurizer import Featurizer
 from dictcheck.empirics.training import TrainConfig
 from dictcheck.solvers import polish
 
@@ -60,14 +61,18 @@ def _run_of(data: st.DataObject, arch: str, **kw: Any) -> Run:
     return data.draw(runs(archs=lambda name: name == arch, **kw), label="run")
 
 
+def _holds_after_training(prop: Callable[[Featurizer, Problem], list[str]], run: Run) -> None:
+    """Train ``run`` and assert the property ``prop`` of the trained model on its problem."""
+    violations = prop(run.train().model, run.problem)
+    assert not violations, "\n".join(violations)
+
+
 @pytest.mark.parametrize("arch", _archs(is_linear))
 @trained_settings(ci=2, thorough=30)
 @given(data=st.data())
 def test_huber_bound_exact_codes_encoder_chain_and_kkt(arch: str, data: st.DataObject) -> None:
     """H(b*) ≤ H(b_dec) ≤ O(exact codes) ≤ O(encoder codes), KKT-z of the exact codes, on train and held-out."""
-    run = _run_of(data, arch)
-    violations = objective_chain_violations(run.train().model, run.problem)
-    assert not violations, "\n".join(violations)
+    _holds_after_training(objective_chain_violations, _run_of(data, arch))
 
 
 @pytest.mark.parametrize("arch", _archs(lambda name: is_linear(name) and name != "abs"))
@@ -76,9 +81,7 @@ def test_huber_bound_exact_codes_encoder_chain_and_kkt(arch: str, data: st.DataO
 def test_polish_never_raises_the_objective_and_ends_stationary(arch: str, data: st.DataObject) -> None:
     """Polishing descends monotonically and ends stationary (``abs``' signed atoms are not objective (1)'s
     non-negative dictionary that polishing takes)."""
-    run = _run_of(data, arch, problem=problems(n=(24, 96), d=(2, 4)), max_width=5)
-    violations = polish_violations(run.train().model, run.problem)
-    assert not violations, "\n".join(violations)
+    _holds_after_training(polish_violations, _run_of(data, arch, problem=problems(n=(24, 96), d=(2, 4)), max_width=5))
 
 
 @pytest.mark.parametrize("arch", _archs(declares_constraint))
@@ -93,9 +96,7 @@ def test_decoder_constraints_hold_after_every_step(arch: str, data: st.DataObjec
 @trained_settings(ci=2, thorough=30)
 @given(data=st.data())
 def test_bilinear_lifted_nmse_at_least_the_lifted_pca_floor(arch: str, data: st.DataObject) -> None:
-    run = _run_of(data, arch)
-    violations = lifted_floor_violations(run.train().model, run.problem)
-    assert not violations, "\n".join(violations)
+    _holds_after_training(lifted_floor_violations, _run_of(data, arch))
 
 
 @pytest.mark.parametrize("arch", _archs(lambda name: True))

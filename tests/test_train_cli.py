@@ -28,6 +28,21 @@ def test_train_on_a_toy_then_check_it(tmp_path: Path, capsys: pytest.CaptureFixt
     capsys.readouterr()
 
 
+def test_freeze_b_dec_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--freeze-b-dec keeps b_dec at its initial value (the same after 1 and after 40 steps); without it b_dec moves."""
+    def b_dec(steps: int, *flags: str) -> np.ndarray:
+        out = tmp_path / f"sae-{steps}-{'-'.join(flags) or 'free'}"
+        assert main(["train", "--arch", "relu", "--toy", "independent_features", "--d-sae", "3", "--lam", "0.1",
+                     "--steps", str(steps), "--batch-size", "32", "--out", str(out), *flags]) == 0
+        capsys.readouterr()
+        weights, cfg = load_sae(out)
+        assert cfg.dictcheck["training"]["options"].get("freeze_b_dec", False) == ("--freeze-b-dec" in flags)
+        return np.asarray(weights["b_dec"])
+
+    np.testing.assert_array_equal(b_dec(1, "--freeze-b-dec"), b_dec(40, "--freeze-b-dec"))
+    assert np.abs(b_dec(1) - b_dec(40)).max() > 1e-4
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -47,7 +47,7 @@ class LinearSAEOptions(ArchOptions):
     (with ``b_dec_init = "zero"``: b = 0, the fixed-bias setting of toys such as docs/theory.md §5.2, where a
     learned b_dec would take over an always-on feature). Python API only; saved with the other options."""
 
-    freeze_b_dec: bool = option(False, help="keep b_dec at its b_dec_init value during training", cli=False)
+    freeze_b_dec: bool = option(False, help="keep b_dec at its b_dec_init value during training")
 
 
 @dataclass(frozen=True)

@@ -357,5 +357,8 @@ def _add_option_groups(p: argparse.ArgumentParser) -> None:
             helps.setdefault(f.metadata["help"], []).append(arch_name)
         text = helps.popitem()[0] if len(helps) == 1 else "; ".join(f"{', '.join(a)}: {h}" for h, a in helps.items())
         f = uses[0][1]
-        group.add_argument("--" + name.replace("_", "-"), type=f.metadata["type"], choices=f.metadata["choices"],
-                           help=text)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(f.default, bool):  # --name / --no-name; unset (None) leaves the architecture's default
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            group.add_argument(flag, type=f.metadata["type"], choices=f.metadata["choices"], help=text)

@@ -37,6 +37,7 @@ def test_wheel_installs_only_dictcheck_at_the_top_level(wheel: zipfile.ZipFile) 
         for source in (REPO / layer).rglob("*.py"):
             assert f"dictcheck/{layer}/{source.relative_to(REPO / layer).as_posix()}" in names, source
     assert "dictcheck/empirics/data/corpus.jsonl.gz" in names
+    assert {"dictcheck/proofs_checks/baselines/quick.json", "dictcheck/proofs_checks/baselines/full.json"} <= set(names)
 
 
 def test_the_layers_never_import_the_top_level_api() -> None:

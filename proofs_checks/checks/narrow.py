@@ -26,7 +26,7 @@ def _ground_truth_start(toy: Toy) -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=16)
-def _fit(name: str, seed: int, spare: bool = False, **params: float) -> tuple[Toy, ReferenceFit]:
+def toy_reference_fit(name: str, seed: int, spare: bool = False, **params: float) -> tuple[Toy, ReferenceFit]:
     """Reference-learner fit of a toy from its ground truth (plus the §5.4 spare latent if asked)."""
     toy = make_toy(name, seed=seed, **params)
     W0, Z0 = _ground_truth_start(toy)
@@ -58,7 +58,7 @@ def _perturbed(W: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_kkt(ctx: CheckContext) -> Outcome:
-    toy, fit = _fit("independent_features", ctx.seed)
+    toy, fit = toy_reference_fit("independent_features", ctx.seed)
     at_opt = _diagnose(toy, fit)
     codes = exact_codes(fit.W, toy.X, fit.b, toy.lam)
     perturbed = dictionary_diagnostics(_perturbed(fit.W, ctx.rng("narrow.kkt")), fit.Z, fit.b, toy.X, toy.lam)
@@ -85,7 +85,7 @@ def narrow_kkt(ctx: CheckContext) -> Outcome:
     regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_atom_stationarity(ctx: CheckContext) -> Outcome:
-    toy, fit = _fit("independent_features", ctx.seed)
+    toy, fit = toy_reference_fit("independent_features", ctx.seed)
     at_opt = _diagnose(toy, fit)
     codes = exact_codes(fit.W, toy.X, fit.b, toy.lam)
     exact_opt = dictionary_diagnostics(fit.W, codes.Z, fit.b, toy.X, toy.lam)
@@ -117,7 +117,7 @@ def narrow_bias_identity(ctx: CheckContext) -> Outcome:
     rows = []
     for name, seed, spare in [("independent_features", ctx.seed, False), ("dense_feature", 1, False),
                               ("dense_feature", 1, True)]:
-        toy, fit = _fit(name, seed, spare)
+        toy, fit = toy_reference_fit(name, seed, spare)
         d = _diagnose(toy, fit)
         rows.append({"toy": name + (" + spare" if spare else ""), "violation": d.bias_identity_violation,
                      "residual_mean_norm": d.bias_residual_mean_norm, "off_mean": d.bias_off_mean,
@@ -148,7 +148,7 @@ def narrow_hull_condition(ctx: CheckContext) -> Outcome:
     per_toy, identity, control = [], 0.0, 0.0
     fractions = {name: [] for name in HULL_CANDIDATES}
     for name, seed, spare in fits:
-        toy, fit = _fit(name, seed, spare)
+        toy, fit = toy_reference_fit(name, seed, spare)
         d = _diagnose(toy, fit)
         hull = hull_candidate_distances(fit.W, fit.Z, fit.b, toy.X, toy.lam)
         identity = max(identity, d.hull_violation)
@@ -186,7 +186,7 @@ def narrow_hull_condition(ctx: CheckContext) -> Outcome:
     regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_absorption(ctx: CheckContext) -> Outcome:
-    toy, fit = _fit("parent_child", ctx.seed)
+    toy, fit = toy_reference_fit("parent_child", ctx.seed)
     X, lam, labels = toy.X, toy.lam, toy.ground_truth["labels"]
     W_true = toy.ground_truth["W_true"]
     gt_codes = exact_codes(W_true, X, np.zeros(3), lam)
@@ -229,8 +229,8 @@ def narrow_absorption(ctx: CheckContext) -> Outcome:
     regime=f"{REFERENCE_LEARNER}",
 )
 def narrow_antipodal_50pct(ctx: CheckContext) -> Outcome:
-    toy3, fit3 = _fit("dense_feature", 1)
-    toy4, fit4 = _fit("dense_feature", 1, True)
+    toy3, fit3 = toy_reference_fit("dense_feature", 1)
+    toy4, fit4 = toy_reference_fit("dense_feature", 1, True)
     d3 = _diagnose(toy3, fit3)
     dense = int(np.argmax(np.abs(fit3.W[0])))
     d, j, cos = most_antipodal_pair(fit4.W)
@@ -244,9 +244,9 @@ def narrow_antipodal_50pct(ctx: CheckContext) -> Outcome:
     grid = np.array([0.3, 0.45, 0.55, 0.6, 0.7, 0.8, 0.9]) if ctx.quick else np.linspace(0.3, 0.9, 13)
     without, with_spare = [], []
     for p in grid:
-        t3, f3 = _fit("dense_feature", 1, False, p_dense=float(p))
+        t3, f3 = toy_reference_fit("dense_feature", 1, False, p_dense=float(p))
         without.append(float(f3.firing_fraction[int(np.argmax(np.abs(f3.W[0])))]))
-        t4, f4 = _fit("dense_feature", 1, True, p_dense=float(p))
+        t4, f4 = toy_reference_fit("dense_feature", 1, True, p_dense=float(p))
         dense_atoms = np.flatnonzero(np.abs(f4.W[0]) > 0.9)
         with_spare.append(float(np.max(f4.firing_fraction[dense_atoms])) if dense_atoms.size else float("nan"))
     fig = plot_firing_against_p(ctx.figure_path("antipodal_firing_vs_p.png"), grid, np.array(without), np.array(with_spare))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from dictcheck.empirics.toy_data import Toy, make_toy
-from dictcheck.proofs_checks.checks.narrow import _fit
+from dictcheck.proofs_checks.checks.narrow import toy_reference_fit
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sources import REFERENCE_LEARNER, THEORY_PAPER
 from dictcheck.solvers.lasso_codes import exact_codes
@@ -170,7 +170,7 @@ def _bisector_status(alpha: float) -> dict[str, float]:
 def narrow_second_order(ctx: CheckContext) -> Outcome:
     optima = []
     for name, seed, spare in SECOND_ORDER_FITS:
-        toy, fit = _fit(name, ctx.seed if seed is None else seed, spare)
+        toy, fit = toy_reference_fit(name, ctx.seed if seed is None else seed, spare)
         h = restricted_hessian(fit.W, fit.Z, fit.b, toy.X, toy.lam, learn_bias=toy.learn_bias)
         optima.append({"toy": name + (" + spare" if spare else ""), "variables": int(h.hessian.shape[0]),
                        "min_eig": h.min_eig, "max_abs_eig": h.max_abs_eig, "min_eig_exact_code": h.min_eig_reduced,

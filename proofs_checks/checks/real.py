@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.training import TrainResult
-from dictcheck.proofs_checks.checks.sae import ANTIPODAL_LAM, PAIR_JACCARD, dense_scalar_toy
+from dictcheck.proofs_checks.checks.sae import ANTIPODAL_LAM, PAIR_JACCARD, dense_scalar_toy, support_jaccard
 from dictcheck.proofs_checks.real_protocol import BATCH, D_SAE, LAYER, STEPS, RealData, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, antipodal_pairs, sae_report
@@ -66,8 +66,7 @@ def antipode_flags(W_rows: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, list[
     has = np.zeros(W_rows.shape[0], dtype=bool)
     pairs = []
     for i, j in antipodal_pairs(W_rows):
-        union = int(np.sum(on[:, i] | on[:, j]))
-        jac = float(np.sum(on[:, i] & on[:, j]) / union) if union else None
+        jac = support_jaccard(on[:, i], on[:, j])
         pairs.append({"latents": [i, j], "jaccard": jac})
         if jac is not None and jac <= PAIR_JACCARD:
             has[i] = has[j] = True

@@ -106,12 +106,12 @@ def _live(Z: np.ndarray, min_fraction: float = 0.0) -> np.ndarray:
     return frac > min_fraction
 
 
-def _support_overlap(Z: np.ndarray, d: int, j: int) -> float | None:
-    """Jaccard overlap of the supports of latents d and j: 0 for an S6 pair (each member serves one side
-    of b), 1 for a duplicated line (signed codes: the same points, opposite signs)."""
-    sa, sc = Z[d] != 0, Z[j] != 0
-    union = np.sum(sa | sc)
-    return float(np.sum(sa & sc) / union) if union else None
+def support_jaccard(fires_a: np.ndarray, fires_b: np.ndarray) -> float | None:
+    """Jaccard overlap |A ∩ B| / |A ∪ B| of two latents' firing sets (boolean masks over the same points),
+    None when neither fires: 0 for an S6 pair (each member serves one side of b), 1 for a duplicated line
+    (signed codes: the same points, opposite signs)."""
+    union = np.sum(fires_a | fires_b)
+    return float(np.sum(fires_a & fires_b) / union) if union else None
 
 
 def _rel(path: Path, ctx: CheckContext) -> str:
@@ -133,7 +133,8 @@ def pair_summary(W: np.ndarray, Z: np.ndarray) -> dict[str, Any]:
         for j in idx[a + 1:]:
             cos = float(W[:, d] @ W[:, j] / (np.linalg.norm(W[:, d]) * np.linalg.norm(W[:, j])))
             if cos < PAIR_COS:
-                candidates.append({"latents": [int(d), int(j)], "cosine": cos, "jaccard": _support_overlap(Z, d, j)})
+                candidates.append({"latents": [int(d), int(j)], "cosine": cos,
+                                   "jaccard": support_jaccard(Z[d] != 0, Z[j] != 0)})
     most = most_antipodal_pair(W / np.maximum(np.linalg.norm(W, axis=0), 1e-300), live)
     firing = np.mean(Z != 0, axis=1)
     return {"n_live": int(live.sum()), "min_live_pair_cosine": None if most is None else most[2],

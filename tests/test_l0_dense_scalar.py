@@ -45,13 +45,18 @@ def test_solver_is_the_minimum_over_a_fine_grid_of_b(seed: int) -> None:
         assert on_grid <= fit.objective + slope * step
 
 
-def _population(p: float, c: float, lo: float, hi: float, atoms: str) -> float:
-    """min over b of the population cost by quadrature (midpoint rule, 4000 nodes) on a b grid, refined once."""
+def _population_at(p: float, c: float, lo: float, hi: float, atoms: str, grid: np.ndarray) -> np.ndarray:
+    """The population cost at each bias of ``grid`` by quadrature (midpoint rule, 4000 nodes)."""
     nodes = (lo + (hi - lo) * (np.arange(4000) + 0.5) / 4000)[None, :]
+    zero = l0_point_costs(np.zeros((1, 1)), grid[:, None], c, atoms)[:, 0]
+    return (1 - p) * zero + p * l0_point_costs(nodes, grid[:, None], c, atoms).mean(axis=1)
+
+
+def _population(p: float, c: float, lo: float, hi: float, atoms: str) -> float:
+    """min over b of the population cost on a b grid, refined once."""
 
     def cost(grid: np.ndarray) -> np.ndarray:
-        zero = l0_point_costs(np.zeros((1, 1)), grid[:, None], c, atoms)[:, 0]
-        return (1 - p) * zero + p * l0_point_costs(nodes, grid[:, None], c, atoms).mean(axis=1)
+        return _population_at(p, c, lo, hi, atoms, grid)
 
     grid = np.linspace(-0.5, hi + 0.5, 1501)
     j = int(np.argmin(cost(grid)))
@@ -68,7 +73,15 @@ def test_population_closed_form_against_quadrature(c: float, lo_extra: float, wi
     assert _population(p, c, lo, hi, "+u") == pytest.approx(opt.one_latent, abs=tol)
     assert _population(p, c, lo, hi, "+u,-u") == pytest.approx(opt.objective, abs=tol)
     # One flipped atom at b = hi − √c does as well as any pair: the second latent never strictly pays.
-    assert _population(p, c, lo, hi, "-u") == pytest.approx(opt.pair, abs=tol)
+    at_top = _population_at(p, c, lo, hi, "-u", np.array([hi - np.sqrt(c)]))[0]
+    assert at_top == pytest.approx(opt.pair, abs=tol)
+    # Above p* that is the −u optimum; below it −u may do better elsewhere (b near the mean, zeros paying b²)
+    # but never better than +u, which is optimal there.
+    minus_only = _population(p, c, lo, hi, "-u")
+    if p > opt.p_star:
+        assert minus_only == pytest.approx(opt.pair, abs=tol)
+    else:
+        assert opt.one_latent - tol <= minus_only <= opt.pair + tol
     assert _population(p, c, lo, hi, "none") >= opt.objective - tol
     assert opt.n_latents == (2 if p > opt.p_star else 1)
 

@@ -1,0 +1,386 @@
+"""Compiled per-point active-set solver for the non-negative lasso in Gram form (docs/theory.md §1).
+
+For one point, with G = WᵀW and q = Wᵀx̃ − λ1, the exact code solves
+
+    min_{z ≥ 0}  ½ zᵀGz − qᵀz ,          g = q − Gz ,  (KKT-z): g = 0 on supp z, g ≤ 0 off it,
+
+problem (P_i)/2 of :mod:`dictcheck.solvers.lasso_codes`. :func:`solve_points` is that module's
+phase A on the CPU in float64: the same tolerances, and the points it returns with ``ok`` False go
+to its exact fallbacks (phases B and C). Per point, in compiled code (numba, ``nogil``, so the
+caller's worker threads run batches in parallel), which removes the per-step Python and batching
+overhead of the batched phase A (benchmarks/RESULTS.md §3):
+
+1. **Candidates.** C = the ``cand`` atoms (the caller's top-M of q) ∪ the warm-start guess. The
+   rows G[P, C] of the current support P are kept in a local (|P| × |C|) copy, so the restricted
+   gradient w_C = q_C − G_CP z_P is a dense product on contiguous memory.
+2. **Lawson–Hanson on C with block additions** (Lawson & Hanson 1974, ch. 23, in Gram form;
+   Bro & De Jong 1997). The iterate z ≥ 0 is optimal on P. Up to max(4, |P|/4) atoms of C with
+   the largest w > ``eps`` enter P at once (Cholesky factor of G_PP appended row by row); the
+   unconstrained solution s of G_PP s = q_P is taken if s > 0, else z moves to the last feasible
+   point on the segment z → s, the atom that reaches 0 first (and every atom with s ≤ 0 that is at
+   0) leaves P, and the factor is rebuilt from the first removed row. When a block makes no
+   progress, one atom (the largest w) enters alone: the classical single addition. Ends when no
+   atom of C has w > ``eps``.
+3. **Full check**, over all d_z atoms: the screened gradient g̃ = q − Σ_{t∈P} z_t G[t, :] in the
+   precision of ``Gs`` (float32), with the rounding bound of ``lasso_codes._screen_bound``; every
+   atom with g̃ > −B is re-evaluated exactly in float64, and on P the exact g_P = q_P − G_PP z_P,
+   so the recorded violation is exact. Exact violators outside C join C and step 2 resumes. A
+   point whose only defect is accuracy on P gets one Newton step z_P += G_PP⁻¹ g_P.
+4. **Hand-over.** ``ok`` is False when G_PP is not numerically positive definite, after
+   ``max_checks`` full checks or ``4·kcap + 100`` solves, when C is full, or when a single
+   addition stalls with nothing new to add.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+__all__ = ["solve_points"]
+
+
+_FASTMATH = {"reassoc", "contract"}
+_JIT = dict(cache=True, nogil=True, fastmath=_FASTMATH)
+
+# Block additions: at most max(_ADD_MIN, |P| // _ADD_DIV) atoms enter P per Lawson–Hanson step.
+_ADD_MIN = 4
+_ADD_DIV = 4
+# Full check: at most max(_JOIN_MIN, |P|) of the largest violators outside C join C.
+_JOIN_MIN = 16
+
+
+@nb.njit(inline="always", **_JIT)
+def _chol_append(L, k, GPC, c_new, g_diag):
+    """Append an atom (column c_new of the local rows GPC, diagonal entry g_diag) to the Cholesky
+    factor L of G_PP (rows 0..k−1). False when the new pivot is not positive (dependent atom)."""
+    for i in range(k):
+        acc = GPC[i, c_new]
+        for t in range(i):
+            acc -= L[i, t] * L[k, t]
+        L[k, i] = acc / L[i, i]
+    d = g_diag
+    for t in range(k):
+        d -= L[k, t] * L[k, t]
+    if not d > 1e-12 * g_diag:
+        return False
+    L[k, k] = math.sqrt(d)
+    return True
+
+
+@nb.njit(**_JIT)
+def _chol_solve(L, k, rhs, out, y):
+    """out = (L Lᵀ)⁻¹ rhs on the leading k entries (forward, then column-oriented backward)."""
+    for i in range(k):
+        acc = rhs[i]
+        for t in range(i):
+            acc -= L[i, t] * y[t]
+        y[i] = acc / L[i, i]
+    for i in range(k - 1, -1, -1):
+        v = y[i] / L[i, i]
+        out[i] = v
+        for t in range(i):
+            y[t] -= v * L[i, t]
+
+
+@nb.njit(**_JIT)
+def _refactor(L, k, G, P, GPC, inC, start=0):
+    """Rows start..k−1 of the Cholesky factor of G_PP (rows before ``start`` depend only on the
+    leading atoms, which are unchanged); False if not positive definite."""
+    for m in range(start, k):
+        if not _chol_append(L, m, GPC, inC[P[m]], G[P[m], P[m]]):
+            return False
+    return True
+
+
+@nb.njit(**_JIT)
+def _move_row(GPC, dst, src, nC):
+    for c in range(nC):
+        GPC[dst, c] = GPC[src, c]
+
+
+@nb.njit(**_JIT)
+def _restricted_gradient(q, C, nC, GPC, zP, k, wC):
+    """w_C = q_C − G_CP z_P from the local rows."""
+    for c in range(nC):
+        wC[c] = q[C[c]]
+    for t in range(k):
+        zt = zP[t]
+        for c in range(nC):
+            wC[c] -= zt * GPC[t, c]
+
+
+@nb.njit(**_JIT)
+def _support_gradient(q, P, k, GPC, inC, zP, gP):
+    """Exact g_P = q_P − G_PP z_P (float64); returns max |g_P|."""
+    worst = 0.0
+    for t in range(k):
+        acc = q[P[t]]
+        for v in range(k):
+            acc -= GPC[t, inC[P[v]]] * zP[v]
+        gP[t] = acc
+        worst = max(worst, abs(acc))
+    return worst
+
+
+@nb.njit(**_JIT)
+def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
+                 P, zP, L, qP, s, y, C, inC, isP, wC, gs, zs, GPC, viol_idx, viol_val):
+    """One point (see the module docstring). Returns (|P|, full checks, exact violation, ok); the
+    code is z_P on P[:|P|]. Scratch: inC must be −1 and isP False on entry; both are restored."""
+    d_z = q.shape[0]
+    Mcap = GPC.shape[1]
+    nC = 0
+    k = 0
+    for t in range(cand.shape[0]):
+        j = cand[t]
+        if inC[j] < 0 and nC < Mcap:
+            inC[j] = nC
+            C[nC] = j
+            nC += 1
+    for t in range(guess.shape[0]):
+        j = guess[t]
+        if j >= d_z or k >= kcap:
+            continue
+        if inC[j] < 0:
+            if nC >= Mcap:
+                continue
+            inC[j] = nC
+            C[nC] = j
+            nC += 1
+        if not isP[inC[j]]:
+            isP[inC[j]] = True
+            P[k] = j
+            k += 1
+    for t in range(k):
+        row = G[P[t]]
+        for c in range(nC):
+            GPC[t, c] = row[C[c]]
+    ok = True
+    # Feasible start: solve on the guess, drop the atoms with s ≤ 0, repeat.
+    while k > 0:
+        if not _refactor(L, k, G, P, GPC, inC):
+            ok = False
+            break
+        for t in range(k):
+            qP[t] = q[P[t]]
+        _chol_solve(L, k, qP, s, y)
+        m = 0
+        for t in range(k):
+            if s[t] > 0:
+                P[m] = P[t]
+                zP[m] = s[t]
+                if m != t:
+                    _move_row(GPC, m, t, nC)
+                m += 1
+            else:
+                isP[inC[P[t]]] = False
+        if m == k:
+            break
+        k = m
+    qabs = 0.0
+    for j in range(d_z):
+        qabs = max(qabs, abs(q[j]))
+    checks = 0
+    viol = np.inf
+    n_solves = 0
+    max_solves = 4 * kcap + 100
+    while ok:
+        _restricted_gradient(q, C, nC, GPC, zP, k, wC)
+        single = False
+        stuck = False
+        while True:  # Lawson–Hanson on C
+            n_max = 1 if single else max(_ADD_MIN, k // _ADD_DIV)
+            n_new = 0
+            while n_new < n_max:
+                best = eps
+                cb = -1
+                for c in range(nC):
+                    if wC[c] > best and not isP[c]:
+                        best = wC[c]
+                        cb = c
+                if cb < 0:
+                    break
+                jb = C[cb]
+                if k >= kcap or not _chol_append(L, k, GPC, cb, G[jb, jb]):
+                    if n_new == 0:
+                        ok = False
+                    break
+                isP[cb] = True
+                P[k] = jb
+                zP[k] = 0.0
+                row = G[jb]
+                for c in range(nC):
+                    GPC[k, c] = row[C[c]]
+                k += 1
+                n_new += 1
+            if n_new == 0 or not ok:
+                break
+            progress = False
+            while True:
+                n_solves += 1
+                if n_solves > max_solves:
+                    ok = False
+                    break
+                for t in range(k):
+                    qP[t] = q[P[t]]
+                _chol_solve(L, k, qP, s, y)
+                feasible = True
+                for t in range(k):
+                    if s[t] <= 0:
+                        feasible = False
+                        break
+                if feasible:
+                    for t in range(k):
+                        zP[t] = s[t]
+                    progress = True
+                    break
+                alpha = 1.0
+                t_min = -1
+                for t in range(k):
+                    if s[t] <= 0:
+                        a = zP[t] / (zP[t] - s[t])
+                        if t_min < 0 or a < alpha:
+                            alpha = a
+                            t_min = t
+                if alpha > 0:
+                    progress = True
+                m = 0
+                first_out = k
+                for t in range(k):
+                    v = zP[t] + alpha * (s[t] - zP[t])
+                    if t == t_min or (s[t] <= 0 and v <= 0):
+                        isP[inC[P[t]]] = False
+                        first_out = min(first_out, t)
+                        continue
+                    P[m] = P[t]
+                    zP[m] = v
+                    if m != t:
+                        _move_row(GPC, m, t, nC)
+                    m += 1
+                k = m
+                if not _refactor(L, k, G, P, GPC, inC, first_out):
+                    ok = False
+                    break
+            if not ok:
+                break
+            if single and not progress:
+                stuck = True
+                break
+            single = not progress
+            _restricted_gradient(q, C, nC, GPC, zP, k, wC)
+        if not ok:
+            break
+        # Full check over all atoms: screened, then exact where the screen cannot decide.
+        checks += 1
+        zl1 = 0.0
+        for t in range(k):
+            zl1 += zP[t]
+        if u > 0.0:
+            m_terms = k + 2
+            gamma = m_terms * u / (1.0 - m_terms * u)
+            bound = 2.0 * (gamma + 2.0 * u) * (c2 * zl1 + qabs) + (m_terms + 2) * 2.0**-149
+        else:
+            bound = 0.0
+        for j in range(d_z):
+            gs[j] = q[j]
+        for t in range(k):
+            zs[t] = zP[t]
+        for t in range(k):
+            row_s = Gs[P[t]]
+            zt = zs[t]
+            for j in range(d_z):
+                gs[j] -= zt * row_s[j]
+        for t in range(k):
+            gs[P[t]] = -np.inf
+        off = 0.0
+        n_viol = 0
+        for j in range(d_z):
+            if gs[j] > -bound:
+                row = G[j]
+                g = q[j]
+                for t in range(k):
+                    g -= zP[t] * row[P[t]]
+                off = max(off, g)
+                if g > eps and inC[j] < 0:
+                    viol_idx[n_viol] = j
+                    viol_val[n_viol] = g
+                    n_viol += 1
+        # The largest violators join C: at most max(_JOIN_MIN, |P|) per check, within C's capacity.
+        n_join = min(n_viol, max(_JOIN_MIN, k), Mcap - nC)
+        order = np.argsort(-viol_val[:n_viol])[:n_join] if n_viol > n_join else np.arange(n_join)
+        added = 0
+        for r in order:
+            j = viol_idx[r]
+            inC[j] = nC
+            C[nC] = j
+            for t in range(k):
+                GPC[t, nC] = G[P[t], j]
+            nC += 1
+            added += 1
+        sup = _support_gradient(q, P, k, GPC, inC, zP, qP)
+        viol = max(sup, off)
+        if viol <= tol_abs:
+            break
+        if checks >= max_checks or (stuck and added == 0) or (off > eps and added == 0):
+            ok = False
+            break
+        if off <= eps:  # only the accuracy on P: one Newton step
+            _chol_solve(L, k, qP, s, y)
+            for t in range(k):
+                zP[t] += s[t]
+                if not zP[t] > 0:
+                    ok = False
+    for c in range(nC):
+        inC[C[c]] = -1
+        isP[c] = False
+    return k, checks, viol, ok
+
+
+@nb.njit(**_JIT)
+def solve_points(G, Gs, Q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2):
+    """Exact codes of the rows of Q (n, d_z) = X̃W − λ (module docstring), one point after another.
+
+    G (≥ d_z, ≥ d_z) float64 Gram matrix (a null row and column beyond d_z are ignored); Gs its
+    screening copy (float32, or G itself with u = 0); guess (n, K) warm-start supports padded with
+    any index ≥ d_z; cand (n, M) candidate atoms (the caller's top-M of each row of Q); eps the
+    threshold for adding an atom, tol_abs the absolute KKT tolerance (tol·λ); kcap = min(D, d_z);
+    u the unit roundoff of Gs (0 for exact screening); c2 the largest squared atom norm.
+
+    Returns idx (n, kcap) int64 with d_z in unused slots, val (n, kcap), viol (n,) the exact
+    absolute KKT violation, checks (n,) full checks per point, ok (n,) bool (False: hand over).
+    """
+    n, d_z = Q.shape
+    m_cap = min(d_z, max(4 * (cand.shape[1] + guess.shape[1]), 4 * kcap))
+    idx = np.full((n, kcap), d_z, dtype=np.int64)
+    val = np.zeros((n, kcap))
+    viol = np.zeros(n)
+    checks = np.zeros(n, dtype=np.int64)
+    ok = np.zeros(n, dtype=np.bool_)
+    P = np.empty(kcap, dtype=np.int64)
+    zP = np.empty(kcap)
+    L = np.zeros((kcap, kcap))
+    qP = np.empty(kcap)
+    s = np.empty(kcap)
+    y = np.empty(kcap)
+    C = np.empty(m_cap, dtype=np.int64)
+    inC = np.full(d_z, -1, dtype=np.int64)
+    isP = np.zeros(m_cap, dtype=np.bool_)
+    wC = np.empty(m_cap)
+    gs = np.empty(d_z, dtype=Gs.dtype)
+    zs = np.empty(kcap, dtype=Gs.dtype)
+    GPC = np.empty((kcap, m_cap))
+    viol_idx = np.empty(d_z, dtype=np.int64)
+    viol_val = np.empty(d_z)
+    for i in range(n):
+        k, chk, v, good = _solve_point(G, Gs, Q[i], guess[i], cand[i], eps, tol_abs, kcap, max_checks,
+                                       u, c2, P, zP, L, qP, s, y, C, inC, isP, wC, gs, zs, GPC, viol_idx, viol_val)
+        checks[i] = chk
+        viol[i] = v
+        ok[i] = good
+        for t in range(k):
+            idx[i, t] = P[t]
+            val[i, t] = zP[t]
+    return idx, val, viol, checks, ok
+

@@ -1,0 +1,112 @@
+"""The compiled phase A of the exact codes (solvers/active_set.py) against the batched torch phase A it
+replaces on the CPU, and its hand-over of the points it cannot finish (docs/theory.md §1, KKT-z).
+
+The batched phase A still runs on CUDA and in float32; here it is forced on the CPU in float64 by routing
+``_phase_a_compiled`` to it, so both paths are held to the same codes on the same problems.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dictcheck.solvers import lasso_codes as lc
+from dictcheck.solvers.active_set import solve_points
+from dictcheck.solvers.lasso_codes import exact_codes, kkt_violation
+
+TOL = 1e-8
+
+
+def _problem(seed: int, D: int, d_z: int, N: int, k: int):
+    """Unit atoms, non-negative k-sparse generating codes plus noise (the RESULTS §3 family, small)."""
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(D, d_z))
+    W /= np.linalg.norm(W, axis=0)
+    Z0 = np.zeros((d_z, N))
+    for i in range(N):
+        Z0[rng.choice(d_z, min(k, d_z), replace=False), i] = rng.exponential(size=min(k, d_z))
+    X = W @ Z0 + 0.1 * rng.normal(size=(D, N)) + 0.1 * rng.normal(size=(D, 1))
+    return W, X, 0.1 * rng.normal(size=D)
+
+
+def _batched(monkeypatch) -> None:
+    """Route the CPU float64 path to the batched torch phase A."""
+
+    def batched(ctx, Q, F0, T, res):
+        qmax = torch.maximum(Q.amax(dim=1), -Q.amin(dim=1)) if ctx.u_screen else Q[:, 0]
+        return lc._phase_a(ctx, Q, Q.to(ctx.Gs.dtype), qmax, F0, T, res)
+
+    monkeypatch.setattr(lc, "_phase_a_compiled", batched)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(4, 40), st.integers(8, 200), st.integers(1, 12),
+       st.floats(0.02, 1.0))
+def test_compiled_phase_a_equals_the_batched_one(seed, D, d_z, k, lam) -> None:
+    W, X, b = _problem(seed, D, d_z, 30, k)
+    compiled = exact_codes(W, X, b, lam)
+    with pytest.MonkeyPatch.context() as mp:
+        _batched(mp)
+        batched = exact_codes(W, X, b, lam)
+    for res in (compiled, batched):
+        assert res.converged and res.kkt_violation <= TOL
+        # the recorded violation is the measured one (Gram route against the residual route: rounding apart)
+        assert res.kkt_violation == pytest.approx(kkt_violation(W, res.Z, X, b, lam), rel=1e-6, abs=1e-12)
+    scale = 1.0 + np.abs(batched.Z).max()
+    np.testing.assert_allclose(compiled.Z, batched.Z, atol=1e-9 * scale, rtol=0)
+
+
+def _kernel_inputs(W, X, b, lam, guess=None, m=8, max_checks=30):
+    ctx = lc._make_ctx(W, lam, TOL, torch.device("cpu"), torch.float64)
+    Q = torch.as_tensor(np.ascontiguousarray((X - b[:, None]).T)) @ ctx.W - lam
+    n, d_z = Q.shape
+    cand = torch.topk(Q, min(m, d_z), dim=1, sorted=False).indices.numpy()
+    if guess is None:
+        guess = np.full((n, 1), d_z)
+    return (ctx.Gz.numpy(), ctx.Gs.numpy(), Q.numpy(), guess, cand, ctx.eps, TOL * lam, ctx.rank_cap, max_checks,
+            ctx.u_screen, ctx.cmax2)
+
+
+def _codes(idx, val, d_z: int) -> np.ndarray:
+    Z = np.zeros((d_z, idx.shape[0]))
+    r, c = np.nonzero(idx < d_z)
+    Z[idx[r, c], r] = val[r, c]
+    return Z
+
+
+@pytest.mark.parametrize("max_checks", [1, 30])
+def test_kernel_reports_the_exact_violation_and_is_deterministic(max_checks: int) -> None:
+    W, X, b = _problem(3, 24, 120, 40, 6)
+    lam = 0.2
+    args = _kernel_inputs(W, X, b, lam, max_checks=max_checks)
+    idx, val, viol, checks, ok = solve_points(*args)
+    assert (checks >= 1).all() and (checks <= max_checks).all()
+    assert ok.all() if max_checks == 30 else (~ok).any()
+    Z = _codes(idx, val, W.shape[1])
+    assert (Z >= 0).all()
+    for i in range(X.shape[1]):  # the recorded violation is the measured one, also far from optimal
+        measured = kkt_violation(W, Z[:, [i]], X[:, [i]], b, lam)
+        assert viol[i] / lam == pytest.approx(measured, rel=1e-9, abs=1e-12)
+        assert ok[i] == (measured <= TOL + 1e-12)
+    again = solve_points(*args)
+    np.testing.assert_array_equal(again[0], idx)
+    np.testing.assert_array_equal(again[1], val)
+
+
+def test_kernel_hands_over_what_it_cannot_finish() -> None:
+    W, X, b = _problem(4, 16, 60, 20, 5)
+    lam = 0.1
+    # A guess with two copies of one atom: G_PP is singular, so the kernel hands every point over and
+    # exact_codes finishes them exactly in phases B and C.
+    W2 = np.concatenate([W, W[:, :1]], axis=1)
+    d_z = W2.shape[1]
+    guess = np.tile(np.array([0, d_z - 1]), (X.shape[1], 1))
+    _, _, _, _, ok2 = solve_points(*_kernel_inputs(W2, X, b, lam, guess=guess))
+    assert not ok2.any()
+    init = np.zeros((d_z, X.shape[1]))
+    init[[0, d_z - 1]] = 1.0
+    res = exact_codes(W2, X, b, lam, init=init)
+    assert res.converged and kkt_violation(W2, res.Z, X, b, lam) <= TOL

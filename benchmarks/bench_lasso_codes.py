@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dictcheck.solvers.lasso_codes import exact_codes, kkt_violation  # noqa: E402
+from dictcheck.solvers.lasso_codes import CodeSolver, exact_codes, kkt_violation  # noqa: E402
 
 
 NOTES = """Notes.
@@ -107,6 +107,7 @@ STAGES = [
     ("KKT checks and bookkeeping (phase A)", [("_kkt", "cumtime"), ("_phase_a", "tottime"),
                                               ("_solve_sets", "tottime"), ("_sort_sets", "cumtime"),
                                               ("_chunks", "cumtime")]),
+    ("compiled phase A (CPU): candidates (top-k) and solve_points", [("_phase_a_compiled", "cumtime")]),
     ("phases B and C (cumulative)", [("_phase_b", "cumtime"), ("_phase_c", "cumtime")]),
     ("output assembly", [("collect", "cumtime")]),
 ]
@@ -218,6 +219,46 @@ def large_lines(args) -> list[str]:
         proj = t_setup + n_batches * max(t - t_setup, 0.0)
         lines.append(f"| {label} | {t:.1f} | {t_setup:.1f} | {k_l:.1e} | {rl_.mean_support:.1f} | "
                      f"{rl_.iterations} | {proj:.0f} |")
+    lines.append("")
+    return lines
+
+
+def load_module(path: str):
+    """Import a copy of solvers/lasso_codes.py from ``path`` (e.g. an earlier commit's) under its own name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lasso_codes_profiled", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def versus_lines(other, label: str, W, X, b, lam, args) -> list[str]:
+    """This checkout's exact codes against ``other``'s, interleaved in the same run at the default workers:
+    the problem above (dense output, best of ``repeats`` rounds) and, unless --skip-large, the large
+    problem (sparse output, one CodeSolver each, so the Gram matrix is built outside the timing)."""
+    problems = [("RESULTS §3 problem", W, X, b, lam, False)]
+    if not args.skip_large:
+        Wl, Xl, bl, _ = make_data(args.large_D, args.large_d_z, args.large_n, args.large_k, args.noise, seed=1)
+        problems.append((f"large problem (N={args.large_n}, D={args.large_D}, d_z={args.large_d_z})",
+                         Wl, Xl, bl, args.large_lam, True))
+    lines = [f"This checkout against `{label}` (interleaved rounds, default workers; codes compared):\n",
+             "| problem | previous (s) | this checkout (s) | speed-up | max abs(ΔZ) | KKT (this checkout) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, Wp, Xp, bp, lam_p, sparse in problems:
+        solvers = [CodeSolver(Wp), other.CodeSolver(Wp)]
+        best = [np.inf, np.inf]
+        out = [None, None]
+        for _ in range(args.repeats):
+            for j, solver in enumerate(solvers):
+                t0 = time.perf_counter()
+                out[j] = solver.codes(Xp, bp, lam_p, sparse_output=sparse)
+                best[j] = min(best[j], time.perf_counter() - t0)
+        za, zb = (o.Z.toarray() if sparse else o.Z for o in out)
+        lines.append(f"| {name} | {fmt_s(best[1])} | {fmt_s(best[0])} | {best[1] / best[0]:.2f}× | "
+                     f"{np.abs(za - zb).max():.1e} | {out[0].kkt_violation:.1e} |")
+        print(f"versus {name}: previous {best[1]:.3f}s, this checkout {best[0]:.3f}s")
     lines.append("")
     return lines
 
@@ -349,19 +390,15 @@ def main(argv: list[str] | None = None) -> None:
                           np.count_nonzero(Z) / nl))
         print(f"sklearn lars n_jobs={nj} max_iter={mi}: {t:.3f}s on {nl} pts kkt={k:.2e}")
 
-    # ---- per-stage profile (one thread) ------------------------------------------------------
+    # ---- the other solver side by side, per-stage profile (one thread) ------------------------
+    from dictcheck.solvers import lasso_codes as current
+
+    other = load_module(args.profile_module) if args.profile_module else None
+    versus = versus_lines(other, args.profile_module, W, X, b, lam, args) if other is not None else []
     profiles = []
     if not args.no_profile:
-        import importlib.util
-
-        from dictcheck.solvers import lasso_codes as current
-
         mods = [("this checkout", current)]
-        if args.profile_module:
-            spec = importlib.util.spec_from_file_location("lasso_codes_profiled", args.profile_module)
-            other = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = other  # dataclasses look their module up there
-            spec.loader.exec_module(other)
+        if other is not None:
             mods.insert(0, (args.profile_module, other))
         for label, mod in mods:
             stage_rows, total = stage_profile(mod, W, X, b, lam)
@@ -428,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
     for label, t, k, it, dz in warm_rows:
         lines.append(f"| {label} | {fmt_s(t)} | {t / t_floor:.1f} | {t_ours / t:.1f}× | {k:.1e} | {it} | {dz:.1e} |")
     lines.append("")
+    lines += versus
     for label, stage_rows, total in profiles:
         lines.append(f"Per-stage profile, {label} (cProfile, one thread, workers=1; total {total:.2f} s "
                      "under the profiler):\n")

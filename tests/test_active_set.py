@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from dictcheck.solvers import lasso_codes as lc
 from dictcheck.solvers.active_set import solve_points
 from dictcheck.solvers.lasso_codes import exact_codes, kkt_violation
+from dictcheck.theory.objective import sae_objective
+from test_lasso_codes import _unique_and_well_conditioned
 
 TOL = 1e-8
 
@@ -55,8 +57,13 @@ def test_compiled_phase_a_equals_the_batched_one(seed, D, d_z, k, lam) -> None:
         assert res.converged and res.kkt_violation <= TOL
         # the recorded violation is the measured one (Gram route against the residual route: rounding apart)
         assert res.kkt_violation == pytest.approx(kkt_violation(W, res.Z, X, b, lam), rel=1e-6, abs=1e-12)
-    scale = 1.0 + np.abs(batched.Z).max()
-    np.testing.assert_allclose(compiled.Z, batched.Z, atol=1e-9 * scale, rtol=0)
+    # Same objective always; same codes wherever the minimiser is unique and well conditioned (an ill-conditioned
+    # support lets rounding move the codes further than 1e-9 at the same objective).
+    assert sae_objective(W, compiled.Z, b, X, lam) == pytest.approx(sae_objective(W, batched.Z, b, X, lam), rel=1e-12)
+    for i in range(X.shape[1]):
+        if _unique_and_well_conditioned(W, batched.Z[:, i], X[:, i] - b, lam):
+            scale = 1.0 + np.abs(batched.Z[:, i]).max()
+            np.testing.assert_allclose(compiled.Z[:, i], batched.Z[:, i], atol=1e-9 * scale, rtol=0)
 
 
 def _kernel_inputs(W, X, b, lam, guess=None, m=8, max_checks=30):

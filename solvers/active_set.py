@@ -24,11 +24,16 @@ overhead of the batched phase A (benchmarks/RESULTS.md §3):
 3. **Full check**, over all d_z atoms: the screened gradient g̃ = q − Σ_{t∈P} z_t G[t, :] in the
    precision of ``Gs`` (float32), with the rounding bound of ``lasso_codes._screen_bound``; every
    atom with g̃ > −B is re-evaluated exactly in float64, and on P the exact g_P = q_P − G_PP z_P,
-   so the recorded violation is exact. Exact violators outside C join C and step 2 resumes. A
-   point whose only defect is accuracy on P gets one Newton step z_P += G_PP⁻¹ g_P.
+   so the recorded violation is exact. The largest exact violators outside C (at most
+   max(16, |P|)) join C and step 2 resumes. A point whose only defect is accuracy on P gets one
+   Newton step z_P += G_PP⁻¹ g_P.
 4. **Hand-over.** ``ok`` is False when G_PP is not numerically positive definite, after
    ``max_checks`` full checks or ``4·kcap + 100`` solves, when C is full, or when a single
    addition stalls with nothing new to add.
+
+Floating point: float64 throughout except the screen. ``fastmath`` allows only re-association and
+fused multiply-adds (so reductions vectorise), never assumptions about NaN or infinities. A point's
+result depends only on the point, not on its batch or thread.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ def _refactor(L, k, G, P, GPC, inC, start=0):
 
 @nb.njit(**_JIT)
 def _move_row(GPC, dst, src, nC):
+    """Copy local row src of G_PC to row dst (compaction after atoms leave P)."""
     for c in range(nC):
         GPC[dst, c] = GPC[src, c]
 

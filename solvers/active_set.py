@@ -107,6 +107,21 @@ def _move_row(GPC, dst, src, nC):
 
 
 @nb.njit(**_JIT)
+def _gather_row(GPC, t, row, C, nC):
+    """Local row t of G_PC: the entries of the atom's Gram row ``row`` at the candidates C."""
+    for c in range(nC):
+        GPC[t, c] = row[C[c]]
+
+
+@nb.njit(**_JIT)
+def _solve_on_support(L, k, q, P, qP, s, y):
+    """s = G_PP⁻¹ q_P from the current factor L (qP and y are scratch)."""
+    for t in range(k):
+        qP[t] = q[P[t]]
+    _chol_solve(L, k, qP, s, y)
+
+
+@nb.njit(**_JIT)
 def _restricted_gradient(q, C, nC, GPC, zP, k, wC):
     """w_C = q_C − G_CP z_P from the local rows."""
     for c in range(nC):
@@ -160,18 +175,14 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
             P[k] = j
             k += 1
     for t in range(k):
-        row = G[P[t]]
-        for c in range(nC):
-            GPC[t, c] = row[C[c]]
+        _gather_row(GPC, t, G[P[t]], C, nC)
     ok = True
     # Feasible start: solve on the guess, drop the atoms with s ≤ 0, repeat.
     while k > 0:
         if not _refactor(L, k, G, P, GPC, inC):
             ok = False
             break
-        for t in range(k):
-            qP[t] = q[P[t]]
-        _chol_solve(L, k, qP, s, y)
+        _solve_on_support(L, k, q, P, qP, s, y)
         m = 0
         for t in range(k):
             if s[t] > 0:
@@ -216,9 +227,7 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
                 isP[cb] = True
                 P[k] = jb
                 zP[k] = 0.0
-                row = G[jb]
-                for c in range(nC):
-                    GPC[k, c] = row[C[c]]
+                _gather_row(GPC, k, G[jb], C, nC)
                 k += 1
                 n_new += 1
             if n_new == 0 or not ok:
@@ -229,9 +238,7 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
                 if n_solves > max_solves:
                     ok = False
                     break
-                for t in range(k):
-                    qP[t] = q[P[t]]
-                _chol_solve(L, k, qP, s, y)
+                _solve_on_support(L, k, q, P, qP, s, y)
                 feasible = True
                 for t in range(k):
                     if s[t] <= 0:

@@ -34,8 +34,8 @@ Phase A (almost every point). On the CPU in float64 it runs in compiled code, on
 (:mod:`dictcheck.solvers.active_set`: Lawson–Hanson with block additions on a candidate set that
 starts as the point's top-32 atoms of q, the same screened full check with exact violations, and
 the same hand-over to phases B and C): 2.0–2.35× faster than the batched version at the check-sae
-size and 1.3–1.7× on the problem of benchmarks/RESULTS.md §3. The batched version, described next, runs on
-CUDA and in float32. Principal pivoting / semismooth Newton on all atoms with limited
+size and 1.3–1.7× on the problem of benchmarks/RESULTS.md §3. The batched version, described next,
+runs on CUDA and in float32. Principal pivoting / semismooth Newton on all atoms with limited
 additions (primal–dual active set). Start from a guessed support F: the warm start's (``init``),
 otherwise F = ∅, z = 0. Each step solves G_FF z_F = q_F (batched Cholesky), which also gives the
 exact gradient on F, g_F = q_F − G_FF z_F, and checks (KKT-z) off F with a *screened* gradient:
@@ -714,6 +714,13 @@ def _phase_a(
     return handed, used
 
 
+def _phase_a_batched(ctx: _Ctx, Q: torch.Tensor, F0: torch.Tensor, T: int, res: _Results):
+    """:func:`_phase_a` with its screening inputs made from q: q in the screening precision and each row's
+    max |q_d| for the rounding bound (CUDA and float32; the CPU in float64 runs :func:`_phase_a_compiled`)."""
+    qmax = torch.maximum(Q.amax(dim=1), -Q.amin(dim=1)) if ctx.u_screen else Q[:, 0]
+    return _phase_a(ctx, Q, Q.to(ctx.Gs.dtype), qmax, F0, T, res)
+
+
 def _phase_a_compiled(ctx: _Ctx, Q: torch.Tensor, F0: torch.Tensor, T: int, res: _Results):
     """Phase A on the CPU in float64: :func:`dictcheck.solvers.active_set.solve_points`, one point at
     a time in compiled code, from the guess F0 and each point's top-_CANDIDATES atoms of q. Same
@@ -962,15 +969,12 @@ def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, F0: torch.Tensor | 
     n = Xc.shape[0]
     null = ctx.d_z
     Q = Xc @ ctx.W - ctx.lam  # q_i = Wᵀx̃_i − λ1, (n, d_z)
-    Qs = Q.to(ctx.Gs.dtype)
-    qmax = torch.maximum(Q.amax(dim=1), -Q.amin(dim=1)) if ctx.u_screen else Q[:, 0]
     if F0 is None:
         F0 = torch.full((n, 1), null, dtype=torch.long, device=Q.device)
     res = _Results(n, ctx, Q.device, Q.dtype)
-    if Q.device.type == "cpu" and Q.dtype == torch.float64:
-        handed, used = _phase_a_compiled(ctx, Q, F0, min(max_iter, _PHASE_A_ITERS), res)
-    else:
-        handed, used = _phase_a(ctx, Q, Qs, qmax, F0, min(max_iter, _PHASE_A_ITERS), res)
+    compiled = Q.device.type == "cpu" and Q.dtype == torch.float64
+    phase_a = _phase_a_compiled if compiled else _phase_a_batched
+    handed, used = phase_a(ctx, Q, F0, min(max_iter, _PHASE_A_ITERS), res)
     if handed and used < max_iter:
         pts, F, z = _concat_groups(handed, null)
         ws = _sort_sets(F, null)
@@ -1030,8 +1034,8 @@ def exact_codes(
     ``sparse_encode(X.T, W.T, algorithm='lasso_cd', alpha=λ, positive=True)`` (½‖r‖² + λ‖z‖₁).
 
     Algorithm (module docstring): an active-set method on all atoms (phase A: compiled and per
-    point on the CPU in float64, batched principal pivoting otherwise), then, for the rare points it does not finish, a working-set method
-    with exact block-principal-pivoting subproblem solves that terminates finitely (phase B).
+    point on the CPU in float64, batched principal pivoting otherwise), then, for the rare points
+    it does not finish, a working-set method with exact block-principal-pivoting subproblem solves that terminates finitely (phase B).
     Both use the Gram matrix WᵀW and one correlation matmul X̃ᵀW per batch.
 
     Parameters

@@ -34,16 +34,6 @@ def _problem(seed: int, D: int, d_z: int, N: int, k: int):
     return W, X, 0.1 * rng.normal(size=D)
 
 
-def _batched(monkeypatch) -> None:
-    """Route the CPU float64 path to the batched torch phase A."""
-
-    def batched(ctx, Q, F0, T, res):
-        qmax = torch.maximum(Q.amax(dim=1), -Q.amin(dim=1)) if ctx.u_screen else Q[:, 0]
-        return lc._phase_a(ctx, Q, Q.to(ctx.Gs.dtype), qmax, F0, T, res)
-
-    monkeypatch.setattr(lc, "_phase_a_compiled", batched)
-
-
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(4, 40), st.integers(8, 200), st.integers(1, 12),
        st.floats(0.02, 1.0))
@@ -51,7 +41,7 @@ def test_compiled_phase_a_equals_the_batched_one(seed, D, d_z, k, lam) -> None:
     W, X, b = _problem(seed, D, d_z, 30, k)
     compiled = exact_codes(W, X, b, lam)
     with pytest.MonkeyPatch.context() as mp:
-        _batched(mp)
+        mp.setattr(lc, "_phase_a_compiled", lc._phase_a_batched)  # the batched torch phase A on the CPU
         batched = exact_codes(W, X, b, lam)
     for res in (compiled, batched):
         assert res.converged and res.kkt_violation <= TOL

@@ -54,13 +54,10 @@ def _population_at(p: float, c: float, lo: float, hi: float, atoms: str, grid: n
 
 def _population(p: float, c: float, lo: float, hi: float, atoms: str) -> float:
     """min over b of the population cost on a b grid, refined once."""
-
-    def cost(grid: np.ndarray) -> np.ndarray:
-        return _population_at(p, c, lo, hi, atoms, grid)
-
     grid = np.linspace(-0.5, hi + 0.5, 1501)
-    j = int(np.argmin(cost(grid)))
-    return float(cost(np.linspace(grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)], 1501)).min())
+    j = int(np.argmin(_population_at(p, c, lo, hi, atoms, grid)))
+    fine = np.linspace(grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)], 1501)
+    return float(_population_at(p, c, lo, hi, atoms, fine).min())
 
 
 @settings(max_examples=12, deadline=None)

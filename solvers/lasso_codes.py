@@ -996,8 +996,6 @@ def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, F0: torch.Tensor | 
 
 
 def _default_batch(D: int, d_z: int) -> int:
-    # A batch holds X̃ (B, D), q (B, d_z) and a few (B, d_z) gradient buffers: about 32 MB
-    # per (B, d_z) float64 buffer.
     # A batch holds X̃ (B, D), q (B, d_z) and a few (B, d_z) gradient buffers. 8 MB per
     # (B, d_z) float64 buffer: buffers of 32 MB and more are mmap-ed afresh by glibc on every
     # allocation (its largest dynamic threshold), whose page faults cost ~15 % of the run on

@@ -109,7 +109,7 @@ def make_ours(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: float)
         opt.step()
         with torch.no_grad():
             model.normalise_decoder_()
-            fired = (res.codes != 0).reshape(-1, d_sae).any(dim=0)
+            fired = res.fired(d_sae)
             sf = state["since_fired"]
             state["since_fired"] = torch.where(fired, torch.zeros_like(sf), sf + xb.shape[0])
         return float(res.loss.detach())

@@ -18,6 +18,7 @@ One training step, as the loop runs it::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,11 +36,15 @@ class FeaturizerOutput:
     (1/B)Σ_t‖x_t − x̂_t‖²; BSF: the mean over all B·D entries; bilinear: the lifted ‖T − T̂‖²
     per token). ``x_hat`` is the reconstruction in INPUT space, or None where none exists
     (bilinear autoencoders reconstruct the lift xxᵀ). ``codes`` are exactly zero where a latent
-    does not fire (used for L0, firing frequencies and dead-latent tracking). ``extra`` holds
-    further per-batch token means (e.g. ``nmse_lifted``, ``hoyer_density``) that evaluation
-    averages over tokens and writes to metrics.json under the same names; ``extra_tokens`` is the
-    number of tokens those means are over (None: every row of the batch; bilinear autoencoders
-    drop zero rows).
+    does not fire (used for L0, firing frequencies and dead-latent tracking); a featurizer that
+    holds its codes sparsely may pass a zero-argument function instead, which the first read of
+    ``codes`` calls (once; the attribute is then that tensor), so a step that never reads them
+    never builds the dense (B, d_sae) tensor. ``live_latents``, when not None, lists the latents
+    that are non-zero for some token (repeats allowed), which :meth:`fired` then reads instead
+    of the codes. ``extra`` holds further per-batch token means (e.g. ``nmse_lifted``,
+    ``hoyer_density``) that evaluation averages over tokens and writes to metrics.json under the
+    same names; ``extra_tokens`` is the number of tokens those means are over (None: every row
+    of the batch; bilinear autoencoders drop zero rows).
     """
 
     x_hat: Tensor | None
@@ -51,6 +56,31 @@ class FeaturizerOutput:
     l0: Tensor
     extra: dict[str, Tensor] = field(default_factory=dict)
     extra_tokens: int | None = None
+    live_latents: Tensor | None = None
+
+    def fired(self, d_sae: int) -> Tensor:
+        """(d_sae,) bool: whether each latent is non-zero for some token of the batch (no grad)."""
+        with torch.no_grad():
+            if self.live_latents is None:
+                return (self.codes != 0).reshape(-1, d_sae).any(dim=0)
+            out = torch.zeros(d_sae, dtype=torch.bool, device=self.live_latents.device)
+            return out.index_fill_(0, self.live_latents.reshape(-1), True)
+
+
+def _read_codes(out: FeaturizerOutput) -> Tensor:
+    codes = out.__dict__["codes"]
+    if callable(codes):  # a Tensor is not callable
+        codes = out.__dict__["codes"] = codes()
+    return codes
+
+
+def _write_codes(out: FeaturizerOutput, codes: Tensor | Callable[[], Tensor]) -> None:
+    out.__dict__["codes"] = codes
+
+
+# After @dataclass (a property in the class body would become the field's default): the
+# generated __init__, replace() and fields() go through it.
+FeaturizerOutput.codes = property(_read_codes, _write_codes, doc="(B, d_sae) codes, built at the first read if lazy.")
 
 
 class Featurizer(torch.nn.Module):

@@ -70,7 +70,9 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -78,6 +80,7 @@ from torch import Tensor
 from dictcheck.empirics.activation_normalisation import ActivationNormalisation
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
+from dictcheck.empirics.topk_select import encoder_topk, row_topk
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
 TOPK_FAMILY = ("topk", "batchtopk")
@@ -115,54 +118,61 @@ class ActiveLatents:
             self.idx, W_dec, self.offsets, mode="sum", per_sample_weights=self.vals
         )
 
-    def dense(self, like: Tensor) -> Tensor:
-        """The codes as a dense (B, d_sae) tensor shaped like ``like`` (differentiable in vals)."""
+    @property
+    def n_tokens(self) -> int:
+        """B, the number of tokens."""
+        return self.vals.shape[0] if self.offsets is None else self.offsets.shape[0]
+
+    def dense(self, width: int) -> Tensor:
+        """The codes as a dense (B, ``width``) tensor (differentiable in vals)."""
+        out = self.vals.new_zeros(self.n_tokens, width)
         if self.offsets is None:
-            return torch.zeros_like(like).scatter_(-1, self.idx, self.vals)
-        return torch.zeros_like(like).index_put_((self.rows(), self.idx), self.vals)
+            return out.scatter_(-1, self.idx, self.vals)
+        return out.index_put_((self.rows(), self.idx), self.vals)
 
     def rows(self) -> Tensor:
         """Token index of every entry, (B·k,) or like the flat ``idx``."""
-        n = self.vals.shape[0] if self.offsets is None else self.offsets.shape[0]
-        arange = torch.arange(n, device=self.idx.device)
+        arange = torch.arange(self.n_tokens, device=self.idx.device)
         if self.offsets is None:
             return arange.repeat_interleave(self.idx.shape[1])
         counts = torch.diff(self.offsets, append=self.offsets.new_tensor([self.idx.numel()]))
         return arange.repeat_interleave(counts)
 
 
-def _batch_topk(a: Tensor, n_keep: int, k: int) -> tuple[Tensor, Tensor]:
-    """(rows, cols) of the n_keep largest entries of ReLU(a) (B, d) over the whole batch, sorted
-    by (row, col), without a top-n_keep over all B·d entries (1.2 s at B = d = 4096 on the
-    benchmark CPU, against 0.2 s for the row-wise top-2k).
+def _batch_topk(
+    vals: Tensor, cols: Tensor, n_keep: int, d: int, full_rows: Callable[[Tensor], Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(rows, cols, values of a) of the n_keep largest entries of ReLU(a) (B, d) over the whole
+    batch, sorted by (row, col), without a top-n_keep over all B·d entries (1.2 s at
+    B = d = 4096 on the benchmark CPU) and without reading a again except in a few rows.
 
-    Candidates are each row's 2k largest entries; θ̂ = the n_keep-th largest candidate is a lower
-    bound of the true threshold θ (more candidates can only raise it), so the global top n_keep
-    lies in the entries ≥ θ̂. A row whose 2k-th largest value is < θ̂ (or ≤ 0: zeros carry no
-    code) has shown all of them; for the other rows every entry ≥ θ̂ is added. The top n_keep of
-    that superset is the global one. Equal values at θ may be chosen differently from a flat
-    ``torch.topk`` (the kept values are the same).
+    ``vals``, ``cols`` (B, m), m = min(d, 2k): each row's m largest entries of a, descending (the
+    candidates); ``full_rows(r)`` returns the rows a[r]. θ̂ = the n_keep-th largest ReLU'd
+    candidate is a lower bound of the true threshold θ (more candidates can only raise it), so
+    the global top n_keep lies in the entries ≥ θ̂. A row whose m-th largest value is < θ̂ (or
+    ≤ 0: zeros carry no code) has shown all of them; for the other rows ("heavy", read in full
+    with ``full_rows``) every entry ≥ θ̂ is added. The top n_keep of that superset is the global
+    one. Equal values at θ may be chosen differently from a flat ``torch.topk`` (the kept values
+    are the same).
     """
-    B, d = a.shape
-    m = min(d, 2 * k)
-    vals, cols = torch.topk(a, m, dim=1)
-    vals = torch.relu(vals)
-    theta = torch.topk(vals.reshape(-1), n_keep).values[-1]
-    rows = torch.arange(B, device=a.device).unsqueeze(1).expand(B, m)
-    heavy = (vals[:, -1] >= theta) & (vals[:, -1] > 0) if m < d else torch.zeros_like(vals[:, -1], dtype=torch.bool)
+    B, m = vals.shape
+    r_vals = torch.relu(vals)
+    theta = torch.topk(r_vals.reshape(-1), n_keep).values[-1]
+    rows = torch.arange(B, device=vals.device).unsqueeze(1).expand(B, m)
+    heavy = (r_vals[:, -1] >= theta) & (r_vals[:, -1] > 0) if m < d else torch.zeros_like(r_vals[:, -1], dtype=torch.bool)
     if bool(heavy.any()):
         light = ~heavy
         hr = heavy.nonzero().squeeze(1)
-        r_h = torch.relu(a[hr])
-        hi, hc = (r_h >= theta).nonzero(as_tuple=True)
+        a_h = full_rows(hr)
+        hi, hc = (torch.relu(a_h) >= theta).nonzero(as_tuple=True)
         c_rows = torch.cat([rows[light].reshape(-1), hr[hi]])
         c_cols = torch.cat([cols[light].reshape(-1), hc])
-        c_vals = torch.cat([vals[light].reshape(-1), r_h[hi, hc]])
+        c_vals = torch.cat([vals[light].reshape(-1), a_h[hi, hc]])
     else:
         c_rows, c_cols, c_vals = rows.reshape(-1), cols.reshape(-1), vals.reshape(-1)
-    pick = torch.topk(c_vals, n_keep).indices
-    flat = torch.sort(c_rows[pick] * d + c_cols[pick]).values
-    return torch.div(flat, d, rounding_mode="floor"), flat % d
+    pick = torch.topk(torch.relu(c_vals), n_keep).indices
+    flat, order = torch.sort(c_rows[pick] * d + c_cols[pick])
+    return torch.div(flat, d, rounding_mode="floor"), flat % d, c_vals[pick][order]
 
 
 class _SelectedPreacts(torch.autograd.Function):
@@ -272,22 +282,41 @@ class SparseAutoencoder(Featurizer):
         return self._encoder_affine(self._encoder_input(x))
 
     def _encoder_affine(self, xe: Tensor) -> Tensor:
+        if self._gathers() and xe.dim() == 2:  # the bias inside the product, as encoder_topk computes it
+            return torch.addmm(self.b_enc, xe, self.W_enc)
         return xe @ self.W_enc + self.b_enc
 
-    def _encode(self, x: Tensor) -> tuple[Tensor, Tensor, ActiveLatents | None]:
+    def _gathers(self) -> bool:
+        """Whether this model decodes from its active latents (:class:`ActiveLatents`) and gives
+        the encoder the sparse backward (:class:`_SelectedPreacts`): the TopK family with
+        ``sparse_decode`` and without SAELens' decoder-norm rescaling."""
+        return self.arch in TOPK_FAMILY and self.sparse_decode and not self.rescale_acts_by_decoder_norm
+
+    def _threshold_rule(self) -> bool:
+        """batchtopk in eval mode with a known θ (the per-entry rule of the module docstring)."""
+        return self.arch == "batchtopk" and not self.training and float(self.batchtopk_threshold) >= 0
+
+    def _encode(self, x: Tensor) -> tuple[Tensor | None, Tensor | None, ActiveLatents | None]:
         """(codes, pre-activation a used for AuxK / L0, active latents of the TopK family or
-        None). x is (B, d_in)."""
+        None). x is (B, d_in).
+
+        A gathering model (:meth:`_gathers`) returns no dense codes (``ActiveLatents.dense``
+        builds them on request) and, on the CPU when nothing else reads a (no AuxK, not the
+        batchtopk eval rule), no a either: its rows' top entries come from the encoder product
+        block by block (:func:`~dictcheck.empirics.topk_select.encoder_topk`, bias folded in)."""
         if self.arch == "abs":
             u = self._encoder_input(x) @ self.W_enc
             z = torch.sign(u) * torch.relu(u.abs() + self.b_enc)
             return z, u + self.b_enc, None
         if self.arch in TOPK_FAMILY:
             xe = self._encoder_input(x)
-            a = self._encoder_affine(xe)
-            if self.rescale_acts_by_decoder_norm:  # SAELens (topk): select on a_d·‖w_d‖, in the model dtype
-                a = a * self.W_dec.norm(dim=-1)
+            a = None
+            if not (self._gathers() and _compiled_selection(xe) and self.aux_coef == 0 and not self._threshold_rule()):
+                a = self._encoder_affine(xe)
+                if self.rescale_acts_by_decoder_norm:  # SAELens (topk): select on a_d·‖w_d‖, in the model dtype
+                    a = a * self.W_dec.norm(dim=-1)
             act = self._active_latents(a, xe)
-            return act.dense(a), a, act
+            return (None if self._gathers() else act.dense(self.d_sae)), a, act
         a = self.pre_activation(x)
         if self.arch == "relu":
             return torch.relu(a), a, None
@@ -295,39 +324,58 @@ class SparseAutoencoder(Featurizer):
             return JumpReLUFn.apply(a, self.threshold, self.jumprelu_bandwidth), a, None
         raise AssertionError(self.arch)  # pragma: no cover
 
-    def _active_latents(self, a: Tensor, xe: Tensor) -> ActiveLatents:
+    def _row_top(self, a: Tensor | None, xe: Tensor, m: int) -> tuple[Tensor, Tensor]:
+        """Each token's m largest pre-activations and their latents, descending (no gradient):
+        compiled (:mod:`~dictcheck.empirics.topk_select`) for a gathering model on the CPU,
+        from the encoder product when a is None; ``torch.topk`` otherwise (the dense reference)."""
+        if a is None:
+            return encoder_topk(xe, self.W_enc, self.b_enc, m)
+        if self._gathers() and _compiled_selection(a):
+            return row_topk(a, m)
+        return torch.topk(a.detach(), m, dim=-1)
+
+    def _active_latents(self, a: Tensor | None, xe: Tensor) -> ActiveLatents:
         """The non-zero codes of the TopK family (module docstring) as (latent, value) lists.
 
         topk: per token the k largest a, values ReLU(a) (at most k non-zeros). batchtopk in
         training mode (or before θ is known): the k·B largest ReLU(a) over the whole batch,
         grouped by token; in eval mode: ReLU(a)·1[ReLU(a) > θ]. The selection uses a's
-        values only; with ``sparse_decode`` the selected pre-activations carry the sparse
-        encoder gradient of :class:`_SelectedPreacts`, otherwise autograd through the dense a.
+        values only (a None: read from the encoder product, see :meth:`_encode`); a gathering
+        model's selected pre-activations carry the sparse encoder gradient of
+        :class:`_SelectedPreacts`, otherwise autograd through the dense a.
         """
+        B = xe.shape[0]
         with torch.no_grad():
+            rows = offsets = None
             if self.arch == "topk":
-                idx = torch.topk(a, min(self.k, self.d_sae), dim=-1).indices
-                rows = offsets = None
+                vals, idx = self._row_top(a, xe, min(self.k, self.d_sae))
+            elif self._threshold_rule():
+                rows, idx = (a > self.batchtopk_threshold).nonzero(as_tuple=True)  # ReLU(a) > θ ≥ 0
+                vals = a[rows, idx]
             else:
-                theta = self.batchtopk_threshold
-                if not self.training and float(theta) >= 0:
-                    rows, idx = (a > theta).nonzero(as_tuple=True)  # ReLU(a) > θ ≥ 0
-                else:
-                    rows, idx = _batch_topk(a, min(self.k * a.shape[0], a.numel()), self.k)
-                offsets = torch.zeros(a.shape[0], dtype=torch.long, device=a.device)
-                offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=a.shape[0]), 0)[:-1]
-        if self.sparse_decode and not self.rescale_acts_by_decoder_norm:
-            picked = a.detach().gather(-1, idx) if rows is None else a.detach()[rows, idx]
-            pre = _SelectedPreacts.apply(xe, self.W_enc, self.b_enc, idx, offsets, picked)
+                cand, cols = self._row_top(a, xe, min(self.d_sae, 2 * self.k))
+                full_rows = a.__getitem__ if a is not None else partial(self._encoder_rows, xe)
+                rows, idx, vals = _batch_topk(cand, cols, min(self.k * B, B * self.d_sae), self.d_sae, full_rows)
+            if rows is not None:
+                offsets = torch.zeros(B, dtype=torch.long, device=xe.device)
+                offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=B), 0)[:-1]
+        if self._gathers():
+            pre = _SelectedPreacts.apply(xe, self.W_enc, self.b_enc, idx, offsets, vals)
         else:
             pre = a.gather(-1, idx) if rows is None else a[rows, idx]
         return ActiveLatents(idx, torch.relu(pre), offsets)
+
+    @torch.no_grad()
+    def _encoder_rows(self, xe: Tensor, rows: Tensor) -> Tensor:
+        """The pre-activation rows a[rows] (no gradient)."""
+        return self._encoder_affine(xe[rows])
 
     def encode(self, x: Tensor) -> Tensor:
         """Codes z of raw tokens x, shape (B, d_sae): the input normalisation (SAELens'
         ``normalize_activations``; none for models dictcheck trains) first. batchtopk in training mode
         selects over the whole batch."""
-        return self._encode(self.input_normalisation.apply(_as_2d(x, self.d_in))[0])[0]
+        z, _, act = self._encode(self.input_normalisation.apply(_as_2d(x, self.d_in))[0])
+        return act.dense(self.d_sae) if z is None else z
 
     def unit_codes(self, z: Tensor) -> Tensor:
         """The codes of the unit atoms ŵ_d = w_d/‖w_d‖ that give the same reconstruction: z_d·‖w_d‖, or z
@@ -350,10 +398,7 @@ class SparseAutoencoder(Featurizer):
         B = x.shape[0]
         x_in, state = self.input_normalisation.apply(x)
         z, a, act = self._encode(x_in)
-        if act is not None and self.sparse_decode and not self.rescale_acts_by_decoder_norm:
-            x_hat_in = act.decode(self.W_dec) + self.b_dec
-        else:
-            x_hat_in = self.decode(z)
+        x_hat_in = act.decode(self.W_dec) + self.b_dec if self._gathers() else self.decode(z)
         x_hat = self.input_normalisation.invert(x_hat_in, state)
         resid = x - x_hat
         mse = resid.pow(2).sum() / B
@@ -370,12 +415,16 @@ class SparseAutoencoder(Featurizer):
                 self._update_batchtopk_threshold(act.vals)  # the batch's non-zero codes (and zeros)
             if self.aux_coef > 0 and dead_mask is not None:
                 aux = self.auxk_loss(x_in, x_hat_in, a, dead_mask)
-        if act is not None and self.sparse_decode:
-            l0 = (act.vals != 0).sum().to(x.dtype) / B  # = mean over tokens of ‖z_t‖₀
+        live = None
+        if self._gathers():
+            nonzero = act.vals.detach() != 0
+            live = act.idx[nonzero]
+            l0 = nonzero.sum().to(x.dtype) / B  # = mean over tokens of ‖z_t‖₀
         else:
             l0 = (z != 0).sum(dim=-1).to(x.dtype).mean()
         return FeaturizerOutput(
-            x_hat=x_hat, codes=z, loss=mse + sparsity + aux, mse=mse, sparsity_loss=sparsity, aux_loss=aux, l0=l0
+            x_hat=x_hat, codes=partial(act.dense, self.d_sae) if z is None else z, loss=mse + sparsity + aux,
+            mse=mse, sparsity_loss=sparsity, aux_loss=aux, l0=l0, live_latents=live,
         )
 
     @torch.no_grad()
@@ -406,7 +455,7 @@ class SparseAutoencoder(Featurizer):
         masked = torch.where(dead_mask, a, torch.full_like(a, -math.inf))
         vals, idx = torch.topk(masked, k_eff, dim=-1)
         aux = ActiveLatents(idx, torch.relu(vals), None)
-        e_hat = aux.decode(self.W_dec) if self.sparse_decode else aux.dense(a) @ self.W_dec  # no b_dec
+        e_hat = aux.decode(self.W_dec) if self.sparse_decode else aux.dense(self.d_sae) @ self.W_dec  # no b_dec
         num = (e - e_hat).pow(2).sum()
         den = (e - e.mean(dim=0, keepdim=True)).pow(2).sum()
         scale = self.aux_coef * min(n_dead / k_aux, 1.0)
@@ -512,6 +561,11 @@ class SparseAutoencoder(Featurizer):
 
     def extra_repr(self) -> str:
         return f"arch={self.arch!r}, d_in={self.d_in}, d_sae={self.d_sae}, k={self.k}, lam={self.lam}, aux_coef={self.aux_coef}"
+
+
+def _compiled_selection(t: Tensor) -> bool:
+    """Whether :mod:`~dictcheck.empirics.topk_select`'s compiled selection applies (CPU, float32/64)."""
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
 
 
 def _as_2d(x: Tensor, d_in: int) -> Tensor:

@@ -711,7 +711,7 @@ def _train_into(model: Featurizer, X: Any, Xt: _Rows, cfg: TrainConfig, out_dir:
                     with torch.no_grad():
                         model.project_parameters_()
                     with torch.no_grad():
-                        fired = world.any((res.codes != 0).reshape(-1, d_sae).any(dim=0))
+                        fired = world.any(res.fired(d_sae))
                         since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + B)
                     done = step + 1
                     bar.update(B)

@@ -431,11 +431,25 @@ def test_sparse_decode_equals_dense_values_and_gradients(seed, arch, auxk, eval_
     s, d = outs
     for name in ("x_hat", "codes", "loss", "mse", "aux_loss", "l0"):
         torch.testing.assert_close(getattr(s, name), getattr(d, name), rtol=1e-12, atol=1e-12, msg=name)
+    assert s.live_latents is not None and d.live_latents is None
+    assert torch.equal(s.fired(d_sae), d.fired(d_sae))
     for (name, ps), pd in zip(models[0].named_parameters(), models[1].parameters()):
         if pd.grad is None:
             assert ps.grad is None or bool((ps.grad == 0).all()), name
         else:
             torch.testing.assert_close(ps.grad, pd.grad, rtol=1e-11, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["topk", "batchtopk"])
+def test_gathering_forward_builds_the_dense_codes_only_when_read(arch):
+    """FeaturizerOutput.codes is lazy for a gathering model; fired() reads the active list."""
+    sae = make_sae(arch, D_IN, D_SAE, k=3, seed=0)
+    out = sae(_x())
+    assert callable(out.__dict__["codes"])
+    z = out.codes
+    assert out.codes is z and tuple(z.shape) == (B, D_SAE) and z.grad_fn is not None
+    assert torch.equal(out.fired(D_SAE), (z != 0).any(dim=0))
+    assert torch.equal(z, sae.encode(_x()))
 
 
 def test_sparse_decode_is_the_default_for_the_topk_family():
@@ -460,8 +474,10 @@ def test_batch_topk_selection_equals_flat_topk(seed, n, d, k, zero_frac):
     a = torch.where(torch.rand(n, d, generator=g) < zero_frac, -r, r)
     r = torch.relu(a)
     n_keep = min(k * n, r.numel())
-    rows, cols = _batch_topk(a, n_keep, k)
+    cand, cand_cols = torch.topk(a, min(d, 2 * k), dim=1)
+    rows, cols, vals = _batch_topk(cand, cand_cols, n_keep, d, a.__getitem__)
     assert rows.numel() == n_keep and bool((torch.diff(rows * d + cols) > 0).all())  # sorted, distinct
+    assert torch.equal(vals, a[rows, cols])
     ref = torch.topk(r.reshape(-1), n_keep)
     torch.testing.assert_close(torch.sort(r[rows, cols]).values, torch.sort(ref.values).values, rtol=0, atol=0)
     pos_ref = set(ref.indices[ref.values > 0].tolist())

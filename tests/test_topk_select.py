@@ -1,0 +1,99 @@
+"""Tests for empirics.topk_select: the compiled row-wise top-m equals torch.topk (benchmarks/RESULTS.md §4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dictcheck.empirics import topk_select
+from dictcheck.empirics.topk_select import encoder_topk, row_topk
+
+
+def _matrix(seed: int, n: int, d: int, dtype: torch.dtype, ties: bool) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if ties:  # few distinct values: many equal entries, also at the m-th place
+        return torch.randint(-3, 4, (n, d), generator=g).to(dtype)
+    return (torch.randn(n, d, generator=g, dtype=torch.float64) * torch.rand(n, 1, generator=g, dtype=torch.float64)).to(dtype)
+
+
+def _assert_same_selection(a: torch.Tensor, vals: torch.Tensor, idx: torch.Tensor, m: int) -> None:
+    """Values = torch.topk's exactly (descending); columns distinct, holding those values, and
+    among equal values the lowest columns (the documented tie order)."""
+    ref = torch.topk(a, m, dim=1)
+    assert torch.equal(vals, ref.values)
+    assert torch.equal(a.gather(1, idx), vals)
+    assert bool((torch.sort(idx, dim=1).values.diff(dim=1) > 0).all())
+    for r in range(a.shape[0]):
+        for v in vals[r].unique():
+            held = sorted(idx[r][vals[r] == v].tolist())
+            assert held == (a[r] == v).nonzero().squeeze(1).tolist()[: len(held)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(0, 9), st.integers(1, 300), st.integers(1, 80),
+       st.sampled_from([torch.float32, torch.float64]), st.booleans())
+def test_row_topk_equals_torch_topk(seed, n, d, m, dtype, ties):
+    m = min(m, d)
+    a = _matrix(seed, n, d, dtype, ties)
+    vals, idx = row_topk(a, m)
+    assert vals.dtype == dtype and idx.dtype == torch.int64 and tuple(idx.shape) == (n, m)
+    _assert_same_selection(a, vals, idx, m)
+
+
+def test_row_topk_orders_infinities_as_numbers():
+    a = torch.tensor([[0.0, float("inf"), -1.0, float("-inf"), 2.0], [float("-inf")] * 5])
+    vals, idx = row_topk(a, 3)
+    assert vals[0].tolist() == [float("inf"), 2.0, 0.0] and idx[0].tolist() == [1, 4, 0]
+    assert idx[1].tolist() == [0, 1, 2] and bool((vals[1] == float("-inf")).all())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_row_topk_is_the_same_on_any_number_of_threads(threads):
+    a = _matrix(5, 257, 1000, torch.float32, ties=False)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        ref = row_topk(a, 17)
+        torch.set_num_threads(threads)
+        got = row_topk(a, 17)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 40), st.integers(1, 12), st.integers(1, 90), st.integers(1, 20),
+       st.sampled_from([torch.float32, torch.float64]), st.sampled_from([1 << 9, 1 << 12, 1 << 23]))
+def test_encoder_topk_is_row_topk_of_the_affine_map(seed, n, d_in, d, m, dtype, block_bytes):
+    """Block by block (small ``_BLOCK_BYTES``: several blocks, a short last one) the selection is
+    a top m of x W + b to rounding: the values are torch.topk's, and the selected entries hold
+    them. (Not bit for bit the one-piece addmm's: the GEMM may round a block of 1–3 rows
+    differently from a larger one.)"""
+    m = min(m, d)
+    g = torch.Generator().manual_seed(seed)
+    x, W, b = (torch.randn(*s, generator=g, dtype=torch.float64).to(dtype) for s in ((n, d_in), (d_in, d), (d,)))
+    old = topk_select._BLOCK_BYTES
+    topk_select._BLOCK_BYTES = block_bytes
+    try:
+        vals, idx = encoder_topk(x, W, b, m)
+    finally:
+        topk_select._BLOCK_BYTES = old
+    a = x @ W + b
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(vals, torch.topk(a, m, dim=1).values, rtol=tol, atol=tol)
+    torch.testing.assert_close(a.gather(1, idx), vals, rtol=tol, atol=tol)
+    assert bool((torch.sort(idx, dim=1).values.diff(dim=1) > 0).all())
+    assert bool((vals.diff(dim=1) <= 0).all())
+
+
+def test_bad_input_is_one_line_errors():
+    a = torch.zeros(3, 4)
+    for m in (0, 5):
+        with pytest.raises(ValueError, match="1 <= m <= d"):
+            row_topk(a, m)
+    with pytest.raises(ValueError, match="float32 and float64"):
+        row_topk(a.half(), 2)
+    with pytest.raises(ValueError, match="1 <= m <= d"):
+        encoder_topk(torch.zeros(2, 3), torch.zeros(3, 4), torch.zeros(4), 5)

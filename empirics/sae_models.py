@@ -71,7 +71,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -80,6 +80,7 @@ from torch import Tensor
 from dictcheck.empirics.activation_normalisation import ActivationNormalisation
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
+from dictcheck.empirics.sparse_products import by_latent, gather_dots, scatter_rows
 from dictcheck.empirics.topk_select import encoder_topk, row_topk
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
@@ -105,18 +106,31 @@ class ActiveLatents:
     O(B·k·d_in) instead of the dense product's O(B·d_sae·d_in). Its backward pass is the same
     gather: ∂L/∂z_tj = ⟨∂L/∂x̂_t, W_dec[j]⟩ for the active j only, and ∂L/∂W_dec[j] =
     Σ_t z_tj ∂L/∂x̂_t over the tokens where j is active (rows of inactive latents get 0, as
-    in the dense path). Same values as the dense path up to the order of summation.
+    in the dense path); on the CPU (float32/64) both are compiled (:class:`_GatheredDecode`,
+    :mod:`~dictcheck.empirics.sparse_products`). Same values as the dense path up to the order
+    of summation. ``cache`` holds the entries' token indices and their grouping by latent, built
+    once per batch and shared with the encoder's backward (:class:`_SelectedPreacts`).
     """
 
     idx: Tensor
     vals: Tensor
     offsets: Tensor | None
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def decode(self, W_dec: Tensor) -> Tensor:
         """Σ_j vals_tj · W_dec[idx_tj] per token, (B, d_in) (no bias)."""
+        if _compiled(W_dec) and torch.is_grad_enabled() and (self.vals.requires_grad or W_dec.requires_grad):
+            return _GatheredDecode.apply(self.vals, W_dec, self.idx, self.offsets, self.cache)
         return torch.nn.functional.embedding_bag(
             self.idx, W_dec, self.offsets, mode="sum", per_sample_weights=self.vals
         )
+
+    def by_latent(self, d_sae: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The entries grouped by latent (:func:`~dictcheck.empirics.sparse_products.by_latent`),
+        built at the first call."""
+        if "by_latent" not in self.cache:
+            self.cache["by_latent"] = by_latent(self.idx.reshape(-1), self.rows(), d_sae)
+        return self.cache["by_latent"]
 
     @property
     def n_tokens(self) -> int:
@@ -131,12 +145,40 @@ class ActiveLatents:
         return out.index_put_((self.rows(), self.idx), self.vals)
 
     def rows(self) -> Tensor:
-        """Token index of every entry, (B·k,) or like the flat ``idx``."""
-        arange = torch.arange(self.n_tokens, device=self.idx.device)
-        if self.offsets is None:
-            return arange.repeat_interleave(self.idx.shape[1])
-        counts = torch.diff(self.offsets, append=self.offsets.new_tensor([self.idx.numel()]))
-        return arange.repeat_interleave(counts)
+        """Token index of every entry, (B·k,) or like the flat ``idx`` (built at the first call)."""
+        if "rows" not in self.cache:
+            arange = torch.arange(self.n_tokens, device=self.idx.device)
+            if self.offsets is None:
+                self.cache["rows"] = arange.repeat_interleave(self.idx.shape[1])
+            else:
+                counts = torch.diff(self.offsets, append=self.offsets.new_tensor([self.idx.numel()]))
+                self.cache["rows"] = arange.repeat_interleave(counts)
+        return self.cache["rows"]
+
+
+class _GatheredDecode(torch.autograd.Function):
+    """:meth:`ActiveLatents.decode` with the compiled backward: ∂L/∂z_p = ⟨W_dec[j_p], g_{t_p}⟩
+    (:func:`~dictcheck.empirics.sparse_products.gather_dots`) and ∂L/∂W_dec = Zᵀg
+    (:func:`~dictcheck.empirics.sparse_products.scatter_rows`), g = ∂L/∂x̂; the forward is
+    ``embedding_bag``'s. Arguments: vals, W_dec, then idx, offsets, cache of the ActiveLatents."""
+
+    @staticmethod
+    def forward(ctx, vals, W_dec, idx, offsets, cache):  # noqa: D102
+        ctx.save_for_backward(vals, W_dec, idx, offsets)
+        ctx.cache = cache
+        return torch.nn.functional.embedding_bag(idx, W_dec, offsets, mode="sum", per_sample_weights=vals)
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        vals, W_dec, idx, offsets = ctx.saved_tensors
+        act = ActiveLatents(idx, vals, offsets, ctx.cache)
+        grad_vals = grad_W = None
+        if ctx.needs_input_grad[0]:
+            grad_vals = gather_dots(act.rows(), idx.reshape(-1), W_dec, g).view_as(vals)
+        if ctx.needs_input_grad[1]:
+            crow, order, tok = act.by_latent(W_dec.shape[0])
+            grad_W = scatter_rows(crow, tok, vals.reshape(-1)[order], g)
+        return grad_vals, grad_W, None, None, None
 
 
 def _batch_topk(
@@ -178,41 +220,44 @@ def _batch_topk(
 class _SelectedPreacts(torch.autograd.Function):
     """The selected pre-activations a_tj = x̃_t · W_enc[:, j] + b_enc[j] with a sparse backward.
 
-    forward(x̃, W_enc, b_enc, idx, offsets, values) returns ``values``, the entries of the dense
+    forward(x̃, W_enc, b_enc, idx, offsets, values, cache) returns ``values``, the entries of the dense
     pre-activation GEMM at the selected (t, j) (same numbers as the dense path). backward, with
     g_tj = ∂L/∂a_tj at the selected entries (∂L/∂a is 0 elsewhere: the TopK loss sees a only
     there): ∂L/∂W_enc[:, j] = Σ_t g_tj x̃_t, ∂L/∂b_enc[j] = Σ_t g_tj, ∂L/∂x̃_t = Σ_j g_tj W_enc[:, j]
     (which reaches b_dec through x̃ = x − b_dec), in O(B·k·d_in) instead of autograd's two dense
-    (B·d_sae·d_in) products through a. Layout of idx/offsets as in :class:`ActiveLatents`.
+    (B·d_sae·d_in) products through a. Layout of idx/offsets as in :class:`ActiveLatents`, whose
+    ``cache`` (the grouping by latent) this backward shares. ∂L/∂W_enc is computed as its
+    transpose Zᵀ-style, (Σ_t g_tj x̃_t)_j: compiled on the CPU (float32/64,
+    :func:`~dictcheck.empirics.sparse_products.scatter_rows`), a sparse CSR product otherwise.
     """
 
     @staticmethod
-    def forward(ctx, xe, W_enc, b_enc, idx, offsets, values):  # noqa: D102
+    def forward(ctx, xe, W_enc, b_enc, idx, offsets, values, cache):  # noqa: D102
         ctx.save_for_backward(xe, W_enc, idx, offsets)
+        ctx.cache = cache
         return values
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
         xe, W_enc, idx, offsets = ctx.saved_tensors
-        sel = ActiveLatents(idx, g, offsets)
+        sel = ActiveLatents(idx, g, offsets, ctx.cache)
         grad_x = grad_W = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_x = sel.decode(W_enc.T.contiguous())
         flat_idx, flat_g = idx.reshape(-1), g.reshape(-1)
         if ctx.needs_input_grad[1]:
             d_sae = W_enc.shape[1]
-            order = torch.argsort(flat_idx, stable=True)
-            crow = torch.zeros(d_sae + 1, dtype=torch.long, device=idx.device)
-            crow[1:] = torch.cumsum(torch.bincount(flat_idx, minlength=d_sae), 0)
-            with warnings.catch_warnings():  # "sparse CSR support is in beta"
-                warnings.simplefilter("ignore", UserWarning)
-                g_t = torch.sparse_csr_tensor(
-                    crow, sel.rows()[order], flat_g[order], size=(d_sae, xe.shape[0])
-                )
-            grad_W = torch.sparse.mm(g_t, xe).T
+            crow, order, tok = sel.by_latent(d_sae)
+            if _compiled(xe):
+                grad_W = scatter_rows(crow, tok, flat_g[order], xe).T
+            else:
+                with warnings.catch_warnings():  # "sparse CSR support is in beta"
+                    warnings.simplefilter("ignore", UserWarning)
+                    g_t = torch.sparse_csr_tensor(crow, tok, flat_g[order], size=(d_sae, xe.shape[0]))
+                grad_W = torch.sparse.mm(g_t, xe).T
         if ctx.needs_input_grad[2]:
             grad_b = torch.zeros_like(W_enc[0]).index_add_(0, flat_idx, flat_g)
-        return grad_x, grad_W, grad_b, None, None, None
+        return grad_x, grad_W, grad_b, None, None, None, None
 
 
 class SparseAutoencoder(Featurizer):
@@ -311,7 +356,7 @@ class SparseAutoencoder(Featurizer):
         if self.arch in TOPK_FAMILY:
             xe = self._encoder_input(x)
             a = None
-            if not (self._gathers() and _compiled_selection(xe) and self.aux_coef == 0 and not self._threshold_rule()):
+            if not (self._gathers() and _compiled(xe) and self.aux_coef == 0 and not self._threshold_rule()):
                 a = self._encoder_affine(xe)
                 if self.rescale_acts_by_decoder_norm:  # SAELens (topk): select on a_d·‖w_d‖, in the model dtype
                     a = a * self.W_dec.norm(dim=-1)
@@ -330,7 +375,7 @@ class SparseAutoencoder(Featurizer):
         from the encoder product when a is None; ``torch.topk`` otherwise (the dense reference)."""
         if a is None:
             return encoder_topk(xe, self.W_enc, self.b_enc, m)
-        if self._gathers() and _compiled_selection(a):
+        if self._gathers() and _compiled(a):
             return row_topk(a, m)
         return torch.topk(a.detach(), m, dim=-1)
 
@@ -360,9 +405,10 @@ class SparseAutoencoder(Featurizer):
                 offsets = torch.zeros(B, dtype=torch.long, device=xe.device)
                 offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=B), 0)[:-1]
         if self._gathers():
-            pre = _SelectedPreacts.apply(xe, self.W_enc, self.b_enc, idx, offsets, vals)
-        else:
-            pre = a.gather(-1, idx) if rows is None else a[rows, idx]
+            cache: dict = {}
+            pre = _SelectedPreacts.apply(xe, self.W_enc, self.b_enc, idx, offsets, vals, cache)
+            return ActiveLatents(idx, torch.relu(pre), offsets, cache)
+        pre = a.gather(-1, idx) if rows is None else a[rows, idx]
         return ActiveLatents(idx, torch.relu(pre), offsets)
 
     @torch.no_grad()
@@ -563,8 +609,9 @@ class SparseAutoencoder(Featurizer):
         return f"arch={self.arch!r}, d_in={self.d_in}, d_sae={self.d_sae}, k={self.k}, lam={self.lam}, aux_coef={self.aux_coef}"
 
 
-def _compiled_selection(t: Tensor) -> bool:
-    """Whether :mod:`~dictcheck.empirics.topk_select`'s compiled selection applies (CPU, float32/64)."""
+def _compiled(t: Tensor) -> bool:
+    """Whether the compiled kernels (:mod:`~dictcheck.empirics.topk_select`,
+    :mod:`~dictcheck.empirics.sparse_products`) apply: CPU, float32/64."""
     return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
 
 

@@ -32,13 +32,12 @@ inputs or weights, which make the training loss NaN through the reconstruction a
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numba as nb
 import numpy as np
 import torch
 from torch import Tensor
+
+from dictcheck.empirics.sparse_products import run_split
 
 __all__ = ["encoder_topk", "row_topk"]
 
@@ -106,29 +105,9 @@ def _topk_rows(a, m, vals, idx):
                     lo = bv[m - 1]
 
 
-_POOL: tuple[int, int, ThreadPoolExecutor] | None = None
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """A process-wide pool of ``workers`` threads (rebuilt after a fork or a change of size)."""
-    global _POOL
-    if _POOL is None or _POOL[:2] != (os.getpid(), workers):
-        _POOL = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="dictcheck-topk"))
-    return _POOL[2]
-
-
 def _select_into(a: np.ndarray, m: int, vals: np.ndarray, idx: np.ndarray) -> None:
     """:func:`_topk_rows` over the rows of ``a``, split over ``torch.get_num_threads()`` threads."""
-    n = a.shape[0]
-    workers = min(torch.get_num_threads(), n)
-    if workers <= 1:
-        _topk_rows(a, m, vals, idx)
-        return
-    cuts = np.linspace(0, n, workers + 1).astype(int)
-    jobs = [_pool(workers).submit(_topk_rows, a[lo:hi], m, vals[lo:hi], idx[lo:hi])
-            for lo, hi in zip(cuts[:-1], cuts[1:])]
-    for job in jobs:
-        job.result()
+    run_split(lambda lo, hi: _topk_rows(a[lo:hi], m, vals[lo:hi], idx[lo:hi]), a.shape[0])
 
 
 def _check(m: int, d: int, dtype: torch.dtype) -> None:

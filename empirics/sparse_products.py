@@ -1,0 +1,109 @@
+"""Products with a sparse code matrix, compiled: the backward pass of the TopK family's gathered
+decode and sparse encoder (empirics/sae_models.py; benchmarks/RESULTS.md §4).
+
+The codes Z (B × d_sae) are given by their P non-zeros p = (token t_p, latent j_p, value z_p). With
+a dense G (B × e):
+
+* :func:`gather_dots`: out_p = ⟨W[j_p], G[t_p]⟩ for a (d_sae × e) W: ∂L/∂z_p of x̂ = Z W when
+  G = ∂L/∂x̂ (and of the encoder's selected pre-activations, ∂L/∂z_p = ⟨W_enc[:, j_p], …⟩).
+* :func:`scatter_rows`: (ZᵀG)[j] = Σ_{p: j_p = j} z_p G[t_p], a (d_sae × e) matrix: ∂L/∂W of
+  x̂ = Z W, and the transpose of the encoder's ∂L/∂W_enc with G = x̃. It reads the non-zeros
+  grouped by latent (:func:`by_latent`, a CSR layout of Zᵀ), so every output row is written by
+  one thread, in a fixed order: the result does not depend on the thread count.
+
+Both run in compiled code (numba, ``nogil``; the work is split over ``torch.get_num_threads()``
+Python threads, by entries and by latents). Every sum is in the dtype of the inputs (float32 or
+float64), re-associated for vectorisation (``fastmath`` re-association and contraction only), so
+they equal ``embedding_bag``'s backward and the dense products to rounding.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numba as nb
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["by_latent", "gather_dots", "run_split", "scatter_rows"]
+
+_JIT = dict(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+
+
+@nb.njit(**_JIT)
+def _gather_dots(tok, lat, W, G, out):
+    for p in range(out.shape[0]):
+        w = W[lat[p]]
+        g = G[tok[p]]
+        s = w[0] * g[0]
+        for c in range(1, w.shape[0]):
+            s += w[c] * g[c]
+        out[p] = s
+
+
+@nb.njit(**_JIT)
+def _scatter_rows(crow, tok, val, G, out, j0):
+    for j in range(out.shape[0]):
+        o = out[j]
+        o[:] = 0
+        for p in range(crow[j0 + j], crow[j0 + j + 1]):
+            v = val[p]
+            g = G[tok[p]]
+            for c in range(o.shape[0]):
+                o[c] += v * g[c]
+
+
+_POOL: tuple[int, int, ThreadPoolExecutor] | None = None
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads (rebuilt after a fork or a change of size)."""
+    global _POOL
+    if _POOL is None or _POOL[:2] != (os.getpid(), workers):
+        _POOL = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="dictcheck-sparse"))
+    return _POOL[2]
+
+
+def run_split(fn: Callable[[int, int], None], n: int) -> None:
+    """fn(lo, hi) over [0, n) cut into ``torch.get_num_threads()`` contiguous parts, run in
+    parallel threads (fn must release the GIL, e.g. a ``nogil`` kernel, and write disjoint output)."""
+    workers = min(torch.get_num_threads(), n)
+    if workers <= 1:
+        fn(0, n)
+        return
+    cuts = np.linspace(0, n, workers + 1).astype(np.int64)
+    jobs = [_pool(workers).submit(fn, int(lo), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    for job in jobs:
+        job.result()
+
+
+def by_latent(lat: Tensor, tok: Tensor, d_sae: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(crow, order, tok[order]): the entries grouped by latent (stable: by entry within a latent),
+    latent j's at positions crow[j]:crow[j + 1] of ``order``."""
+    order = torch.argsort(lat, stable=True)
+    crow = torch.zeros(d_sae + 1, dtype=torch.int64, device=lat.device)
+    crow[1:] = torch.cumsum(torch.bincount(lat, minlength=d_sae), 0)
+    return crow, order, tok[order]
+
+
+@torch.no_grad()
+def gather_dots(tok: Tensor, lat: Tensor, W: Tensor, G: Tensor) -> Tensor:
+    """(P,) out_p = ⟨W[lat_p], G[tok_p]⟩ (module docstring); CPU, contiguous float32/float64."""
+    out = torch.empty(lat.shape[0], dtype=W.dtype)
+    if out.numel():
+        t, j, w, g, o = tok.numpy(), lat.numpy(), W.contiguous().numpy(), G.contiguous().numpy(), out.numpy()
+        run_split(lambda lo, hi: _gather_dots(t[lo:hi], j[lo:hi], w, g, o[lo:hi]), o.shape[0])
+    return out
+
+
+@torch.no_grad()
+def scatter_rows(crow: Tensor, tok_sorted: Tensor, val_sorted: Tensor, G: Tensor) -> Tensor:
+    """(d_sae, e) ZᵀG from the entries grouped by latent (:func:`by_latent`): row j is
+    Σ val_sorted[p] G[tok_sorted[p]] over p in crow[j]:crow[j + 1]."""
+    out = torch.empty(crow.shape[0] - 1, G.shape[1], dtype=G.dtype)
+    c, t, v, g, o = crow.numpy(), tok_sorted.numpy(), val_sorted.contiguous().numpy(), G.contiguous().numpy(), out.numpy()
+    run_split(lambda lo, hi: _scatter_rows(c, t, v, g, o[lo:hi], lo), o.shape[0])
+    return out

@@ -17,11 +17,12 @@ Setup (issue: d_in = 512, d_sae = 4096, batch 4096, float32, torch threads = 2):
 * **ours relu**: ``make_sae("relu", d_in, d_sae, lam=LAM)``; **ours topk** / **ours batchtopk**:
   ``make_sae("topk" | "batchtopk", ..., k=32)`` (aux_coef = 0, the option's default), each in two
   variants: ``sparse`` (the default: gathered decode and sparse encoder backward,
-  ``empirics.sae_models.ActiveLatents``) and ``dense`` (``sparse_decode = False``: z @ W_dec and
+  ``empirics.sae_models.ActiveLatents``, the rows' top k read from the encoder product block by
+  block, ``empirics.topk_select``, no dense codes) and ``dense`` (``sparse_decode = False``: z @ W_dec and
   autograd through the dense pre-activation; same numbers). One step is exactly the loop body of
   ``empirics.training.train`` minus the batch gather: set the lr, ``forward``, ``zero_grad``,
   ``backward``, ``remove_parallel_grad_()``, ``clip_grad_norm_(…, 1.0)``, Adam ``step``,
-  ``normalise_decoder_()``, and the dead-latent counter update.
+  ``normalise_decoder_()``, and the dead-latent counter update (``res.fired``).
 * **SAELens standard**: ``StandardTrainingSAE(StandardTrainingSAEConfig(d_in, d_sae,
   l1_coefficient=LAM))``; **SAELens topk**: ``TopKTrainingSAE(TopKTrainingSAEConfig(d_in, d_sae,
   k=32))`` (its defaults otherwise: decoder_init_norm 0.1, rescale_acts_by_decoder_norm True,

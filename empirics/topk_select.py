@@ -7,7 +7,8 @@ for the pre-activation a = x̃ W_enc + b_enc without materialising a: the encode
 computed in row blocks with the bias folded into it (``torch.addmm``), each block into one
 reused buffer of ≈ 8 MiB, and the rows of a block are selected while they are in cache. The
 (n, d) pre-activation is never allocated (on the issue 17 setup, B = d_sae = 4096 float32, that
-is 64 MiB of fresh pages per step) and no separate bias pass runs. benchmarks/RESULTS.md §4.
+is 64 MiB of fresh pages per step) and no separate bias pass runs. Derivation: docs/ecosystem.md §3
+("The TopK family's sparse step"); timings: benchmarks/RESULTS.md §4.
 
 Per row, in compiled code (numba; ``nogil``, so the rows of a block are split over
 ``torch.get_num_threads()`` Python threads that run in parallel):

@@ -220,19 +220,21 @@ def _batch_topk(
 class _SelectedPreacts(torch.autograd.Function):
     """The selected pre-activations a_tj = x̃_t · W_enc[:, j] + b_enc[j] with a sparse backward.
 
-    forward(x̃, W_enc, b_enc, idx, offsets, values, cache) returns ``values``, the entries of the dense
-    pre-activation GEMM at the selected (t, j) (same numbers as the dense path). backward, with
+    forward(x, b_dec, x̃, W_enc, b_enc, idx, offsets, values, cache) returns ``values``, the entries of
+    the dense pre-activation GEMM at the selected (t, j) (same numbers as the dense path), where
+    x̃ = x − b_dec (b_dec None: x̃ = x) is passed precomputed and detached. backward, with
     g_tj = ∂L/∂a_tj at the selected entries (∂L/∂a is 0 elsewhere: the TopK loss sees a only
-    there): ∂L/∂W_enc[:, j] = Σ_t g_tj x̃_t, ∂L/∂b_enc[j] = Σ_t g_tj, ∂L/∂x̃_t = Σ_j g_tj W_enc[:, j]
-    (which reaches b_dec through x̃ = x − b_dec), in O(B·k·d_in) instead of autograd's two dense
-    (B·d_sae·d_in) products through a. Layout of idx/offsets as in :class:`ActiveLatents`, whose
-    ``cache`` (the grouping by latent) this backward shares. ∂L/∂W_enc is computed as its
-    transpose Zᵀ-style, (Σ_t g_tj x̃_t)_j: compiled on the CPU (float32/64,
+    there): ∂L/∂W_enc[:, j] = Σ_t g_tj x̃_t, ∂L/∂b_enc[j] = Σ_t g_tj, ∂L/∂x_t = Σ_j g_tj W_enc[:, j],
+    and ∂L/∂b_dec = −Σ_t ∂L/∂x_t = −W_enc ∂L/∂b_enc (one matrix-vector product: the per-token sums
+    are needed only when x itself requires a gradient), in O(B·k·d_in) instead of autograd's two
+    dense (B·d_sae·d_in) products through a. Layout of idx/offsets as in :class:`ActiveLatents`,
+    whose ``cache`` (the grouping by latent) this backward shares. ∂L/∂W_enc is computed as its
+    transpose, (Σ_t g_tj x̃_t)_j: compiled on the CPU (float32/64,
     :func:`~dictcheck.empirics.sparse_products.scatter_rows`), a sparse CSR product otherwise.
     """
 
     @staticmethod
-    def forward(ctx, xe, W_enc, b_enc, idx, offsets, values, cache):  # noqa: D102
+    def forward(ctx, x, b_dec, xe, W_enc, b_enc, idx, offsets, values, cache):  # noqa: D102
         ctx.save_for_backward(xe, W_enc, idx, offsets)
         ctx.cache = cache
         return values
@@ -241,11 +243,11 @@ class _SelectedPreacts(torch.autograd.Function):
     def backward(ctx, g):  # noqa: D102
         xe, W_enc, idx, offsets = ctx.saved_tensors
         sel = ActiveLatents(idx, g, offsets, ctx.cache)
-        grad_x = grad_W = grad_b = None
+        grad_x = grad_bd = grad_W = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_x = sel.decode(W_enc.T.contiguous())
         flat_idx, flat_g = idx.reshape(-1), g.reshape(-1)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[3]:
             d_sae = W_enc.shape[1]
             crow, order, tok = sel.by_latent(d_sae)
             if _compiled(xe):
@@ -255,9 +257,13 @@ class _SelectedPreacts(torch.autograd.Function):
                     warnings.simplefilter("ignore", UserWarning)
                     g_t = torch.sparse_csr_tensor(crow, tok, flat_g[order], size=(d_sae, xe.shape[0]))
                 grad_W = torch.sparse.mm(g_t, xe).T
-        if ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[4]:
             grad_b = torch.zeros_like(W_enc[0]).index_add_(0, flat_idx, flat_g)
-        return grad_x, grad_W, grad_b, None, None, None, None
+            if ctx.needs_input_grad[1]:
+                grad_bd = -(W_enc @ grad_b)
+            if not ctx.needs_input_grad[4]:
+                grad_b = None
+        return grad_x, grad_bd, None, grad_W, grad_b, None, None, None, None
 
 
 class SparseAutoencoder(Featurizer):
@@ -360,7 +366,7 @@ class SparseAutoencoder(Featurizer):
                 a = self._encoder_affine(xe)
                 if self.rescale_acts_by_decoder_norm:  # SAELens (topk): select on a_d·‖w_d‖, in the model dtype
                     a = a * self.W_dec.norm(dim=-1)
-            act = self._active_latents(a, xe)
+            act = self._active_latents(a, x, xe)
             return (None if self._gathers() else act.dense(self.d_sae)), a, act
         a = self.pre_activation(x)
         if self.arch == "relu":
@@ -379,14 +385,15 @@ class SparseAutoencoder(Featurizer):
             return row_topk(a, m)
         return torch.topk(a.detach(), m, dim=-1)
 
-    def _active_latents(self, a: Tensor | None, xe: Tensor) -> ActiveLatents:
+    def _active_latents(self, a: Tensor | None, x: Tensor, xe: Tensor) -> ActiveLatents:
         """The non-zero codes of the TopK family (module docstring) as (latent, value) lists.
 
         topk: per token the k largest a, values ReLU(a) (at most k non-zeros). batchtopk in
         training mode (or before θ is known): the k·B largest ReLU(a) over the whole batch,
         grouped by token; in eval mode: ReLU(a)·1[ReLU(a) > θ]. The selection uses a's
-        values only (a None: read from the encoder product, see :meth:`_encode`); a gathering
-        model's selected pre-activations carry the sparse encoder gradient of
+        values only (a None: read from the encoder product, see :meth:`_encode`; x is the
+        encoder's input, xe = x̃ its centred version); a gathering model's selected
+        pre-activations carry the sparse encoder gradient of
         :class:`_SelectedPreacts`, otherwise autograd through the dense a.
         """
         B = xe.shape[0]
@@ -406,7 +413,8 @@ class SparseAutoencoder(Featurizer):
                 offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=B), 0)[:-1]
         if self._gathers():
             cache: dict = {}
-            pre = _SelectedPreacts.apply(xe, self.W_enc, self.b_enc, idx, offsets, vals, cache)
+            b_dec = self.b_dec if self.apply_b_dec_to_input else None
+            pre = _SelectedPreacts.apply(x, b_dec, xe.detach(), self.W_enc, self.b_enc, idx, offsets, vals, cache)
             return ActiveLatents(idx, torch.relu(pre), offsets, cache)
         pre = a.gather(-1, idx) if rows is None else a[rows, idx]
         return ActiveLatents(idx, torch.relu(pre), offsets)

@@ -417,17 +417,20 @@ def test_sparse_decode_equals_dense_values_and_gradients(seed, arch, auxk, eval_
             m.b_dec.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(seed + 1))
         m.sparse_decode = sparse
         models.append(m)
-    x = torch.randn(n, d_in, generator=g, dtype=torch.float64)
+    x0 = torch.randn(n, d_in, generator=g, dtype=torch.float64)
     dead = torch.rand(d_sae, generator=g) < 0.5
-    outs = []
+    outs, x_grads = [], []
     for m in models:
         if arch == "batchtopk" and eval_mode:
-            m(x)  # one training batch sets θ
+            m(x0)  # one training batch sets θ
             m.eval()
+        x = x0.clone().requires_grad_()  # the input's gradient too (attribution)
         out = m(x, dead_mask=dead if auxk else None)
         m.zero_grad(set_to_none=True)
         out.loss.backward()
         outs.append(out)
+        x_grads.append(x.grad)
+    torch.testing.assert_close(x_grads[0], x_grads[1], rtol=1e-11, atol=1e-12)
     s, d = outs
     for name in ("x_hat", "codes", "loss", "mse", "aux_loss", "l0"):
         torch.testing.assert_close(getattr(s, name), getattr(d, name), rtol=1e-12, atol=1e-12, msg=name)

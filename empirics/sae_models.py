@@ -333,7 +333,7 @@ class SparseAutoencoder(Featurizer):
         return self._encoder_affine(self._encoder_input(x))
 
     def _encoder_affine(self, xe: Tensor) -> Tensor:
-        if self._gathers() and xe.dim() == 2:  # the bias inside the product, as encoder_topk computes it
+        if self._gathers() and xe.dim() == 2 and _compiled(xe):  # the bias inside the product, as encoder_topk
             return torch.addmm(self.b_enc, xe, self.W_enc)
         return xe @ self.W_enc + self.b_enc
 

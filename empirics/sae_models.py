@@ -333,8 +333,6 @@ class SparseAutoencoder(Featurizer):
         return self._encoder_affine(self._encoder_input(x))
 
     def _encoder_affine(self, xe: Tensor) -> Tensor:
-        if self._gathers() and xe.dim() == 2 and _compiled(xe):  # the bias inside the product, as encoder_topk
-            return torch.addmm(self.b_enc, xe, self.W_enc)
         return xe @ self.W_enc + self.b_enc
 
     def _gathers(self) -> bool:
@@ -354,7 +352,7 @@ class SparseAutoencoder(Featurizer):
         A gathering model (:meth:`_gathers`) returns no dense codes (``ActiveLatents.dense``
         builds them on request) and, on the CPU when nothing else reads a (no AuxK, not the
         batchtopk eval rule), no a either: its rows' top entries come from the encoder product
-        block by block (:func:`~dictcheck.empirics.topk_select.encoder_topk`, bias folded in)."""
+        block by block (:func:`~dictcheck.empirics.topk_select.encoder_topk`)."""
         if self.arch == "abs":
             u = self._encoder_input(x) @ self.W_enc
             z = torch.sign(u) * torch.relu(u.abs() + self.b_enc)
@@ -421,7 +419,9 @@ class SparseAutoencoder(Featurizer):
 
     @torch.no_grad()
     def _encoder_rows(self, xe: Tensor, rows: Tensor) -> Tensor:
-        """The pre-activation rows a[rows] (no gradient)."""
+        """The pre-activation rows a[rows] (no gradient; a product of these rows only, which MKL
+        may round an ulp apart from the whole batch's when they are fewer than 16, see
+        :mod:`~dictcheck.empirics.topk_select`: only _batch_topk's rare heavy rows use it)."""
         return self._encoder_affine(xe[rows])
 
     def encode(self, x: Tensor) -> Tensor:

@@ -67,10 +67,10 @@ def test_row_topk_is_the_same_on_any_number_of_threads(threads):
 @given(st.integers(0, 2**31 - 1), st.integers(1, 40), st.integers(1, 12), st.integers(1, 90), st.integers(1, 20),
        st.sampled_from([torch.float32, torch.float64]), st.sampled_from([1 << 9, 1 << 12, 1 << 23]))
 def test_encoder_topk_is_row_topk_of_the_affine_map(seed, n, d_in, d, m, dtype, block_bytes):
-    """Block by block (small ``_BLOCK_BYTES``: several blocks, a short last one) the selection is
+    """Block by block (small ``_BLOCK_BYTES``: many blocks, down to one row each) the selection is
     a top m of x W + b to rounding: the values are torch.topk's, and the selected entries hold
-    them. (Not bit for bit the one-piece addmm's: the GEMM may round a block of 1–3 rows
-    differently from a larger one.)"""
+    them. (Not always bit for bit: the GEMM may round a block of 1–3 rows differently from the
+    whole product; see the next test for blocks of realistic size.)"""
     m = min(m, d)
     g = torch.Generator().manual_seed(seed)
     x, W, b = (torch.randn(*s, generator=g, dtype=torch.float64).to(dtype) for s in ((n, d_in), (d_in, d), (d,)))
@@ -86,6 +86,23 @@ def test_encoder_topk_is_row_topk_of_the_affine_map(seed, n, d_in, d, m, dtype, 
     torch.testing.assert_close(a.gather(1, idx), vals, rtol=tol, atol=tol)
     assert bool((torch.sort(idx, dim=1).values.diff(dim=1) > 0).all())
     assert bool((vals.diff(dim=1) <= 0).all())
+
+
+@pytest.mark.parametrize("n", [16, 100, 1000])
+def test_encoder_topk_is_bit_exact_with_blocks_of_16_rows_or_more(n):
+    """Equal blocks of ≥ 16 rows (or one block) give the values of x @ W + b in one piece bit for
+    bit (MKL rounds a row alike in any product of ≥ 16 rows), so a model saved and read by another
+    architecture (batchtopk as jumprelu, vasae as topk) computes the same codes."""
+    g = torch.Generator().manual_seed(n)
+    x, W, b = torch.randn(n, 64, generator=g), torch.randn(64, 300, generator=g), torch.randn(300, generator=g)
+    old = topk_select._BLOCK_BYTES
+    topk_select._BLOCK_BYTES = 20 * 300 * 4  # blocks of 20 rows (one for n = 16)
+    try:
+        vals, idx = encoder_topk(x, W, b, 20)
+    finally:
+        topk_select._BLOCK_BYTES = old
+    ref = row_topk(x @ W + b, 20)
+    assert torch.equal(vals, ref[0]) and torch.equal(idx, ref[1])
 
 
 def test_bad_input_is_one_line_errors():

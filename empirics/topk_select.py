@@ -4,15 +4,15 @@
 columns, sorted by value (largest first; equal values by column), the same as
 ``torch.topk(a, m, dim=1)`` up to the order of equal values. :func:`encoder_topk` does the same
 for the pre-activation a = x̃ W_enc + b_enc without materialising a: the encoder product is
-computed in equal row blocks into one reused buffer of at most ≈ 8 MiB, the bias is added while
-the block is in cache, and its rows are selected there. The (n, d) pre-activation is never
-allocated (on the issue 17 setup, B = d_sae = 4096 float32, that is 64 MiB of fresh pages per
-step) and no bias pass over it runs. The blocks are equal (no short last block) because MKL's
-GEMM rounds a row the same in a product of 16 or more rows as in the full one, but not always in
-a product of 1–3 rows (measured: an ulp apart): with equal blocks the values are bit for bit
-those of x̃ @ W_enc + b_enc in one piece (the dense path's, and any other reader's of the same
-weights, e.g. a BatchTopK model saved as JumpReLU) unless the batch itself is that small, when it
-is one block. Derivation: docs/ecosystem.md §3
+computed in row blocks of (almost) equal size into one reused buffer of at most ≈ 8 MiB, the bias
+is added while the block is in cache, and its rows are selected there. The (n, d) pre-activation
+is never allocated (on the issue 17 setup, B = d_sae = 4096 float32, that is 64 MiB of fresh pages
+per step) and no bias pass over it runs. The block sizes differ by at most one row (no short last
+block) because MKL's GEMM rounds a row the same in a product of 16 or more rows as in the full
+one, but not always in a product of 1–3 rows (measured: an ulp apart): with blocks of ≥ 16 rows
+the values are bit for bit those of x̃ @ W_enc + b_enc in one piece (the dense path's, and any
+other reader's of the same weights, e.g. a BatchTopK model saved as JumpReLU) unless the batch
+itself is that small, when it is one block. Derivation: docs/ecosystem.md §3
 ("The TopK family's sparse step"); timings: benchmarks/RESULTS.md §4.
 
 Per row, in compiled code (numba; ``nogil``, so the rows of a block are split over
@@ -135,18 +135,18 @@ def row_topk(a: Tensor, m: int) -> tuple[Tensor, Tensor]:
 
 @torch.no_grad()
 def encoder_topk(xe: Tensor, W_enc: Tensor, b_enc: Tensor, m: int) -> tuple[Tensor, Tensor]:
-    """:func:`row_topk` of a = xe @ W_enc + b_enc (CPU), computed in equal row blocks of at most
-    ≈ 8 MiB (module docstring) so that a is never materialised. No gradient."""
+    """:func:`row_topk` of a = xe @ W_enc + b_enc (CPU), computed in row blocks of at most ≈ 8 MiB
+    whose sizes differ by at most one row (module docstring), so that a is never materialised.
+    No gradient."""
     n = xe.shape[0]
     d = W_enc.shape[1]
     _check(m, d, xe.dtype)
     vals = torch.zeros(n, m, dtype=xe.dtype)
     idx = torch.zeros(n, m, dtype=torch.int64)
-    n_blocks = max(1, -(-n * d * xe.element_size() // _BLOCK_BYTES))
-    rows = max(1, -(-n // n_blocks))
-    buf = torch.empty(min(rows, n), d, dtype=xe.dtype)
-    for lo in range(0, n, rows):
-        hi = min(n, lo + rows)
+    n_blocks = min(max(n, 1), max(1, -(-n * d * xe.element_size() // _BLOCK_BYTES)))
+    cuts = [i * n // n_blocks for i in range(n_blocks + 1)]  # sizes ⌊n/n_blocks⌋ or one more
+    buf = torch.empty(-(-n // n_blocks), d, dtype=xe.dtype)
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
         blk = buf[: hi - lo]
         torch.mm(xe[lo:hi], W_enc, out=blk).add_(b_enc)
         _select_into(blk.numpy(), m, vals[lo:hi].numpy(), idx[lo:hi].numpy())

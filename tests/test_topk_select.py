@@ -88,15 +88,16 @@ def test_encoder_topk_is_row_topk_of_the_affine_map(seed, n, d_in, d, m, dtype, 
     assert bool((vals.diff(dim=1) <= 0).all())
 
 
-@pytest.mark.parametrize("n", [16, 100, 1000])
+@pytest.mark.parametrize("n", [16, 100, 1000, 1001, 1017])
 def test_encoder_topk_is_bit_exact_with_blocks_of_16_rows_or_more(n):
-    """Equal blocks of ≥ 16 rows (or one block) give the values of x @ W + b in one piece bit for
-    bit (MKL rounds a row alike in any product of ≥ 16 rows), so a model saved and read by another
-    architecture (batchtopk as jumprelu, vasae as topk) computes the same codes."""
+    """Blocks of ≥ 16 rows (or one block) give the values of x @ W + b in one piece bit for bit
+    (MKL rounds a row alike in any product of ≥ 16 rows), so a model saved and read by another
+    architecture (batchtopk as jumprelu, vasae as topk) computes the same codes. 1001 and 1017 rows
+    split into blocks of 19 and 20 rows: no short last block (1001 had a 1-row one before)."""
     g = torch.Generator().manual_seed(n)
     x, W, b = torch.randn(n, 64, generator=g), torch.randn(64, 300, generator=g), torch.randn(300, generator=g)
     old = topk_select._BLOCK_BYTES
-    topk_select._BLOCK_BYTES = 20 * 300 * 4  # blocks of 20 rows (one for n = 16)
+    topk_select._BLOCK_BYTES = 20 * 300 * 4  # blocks of at most 20 rows (one for n = 16)
     try:
         vals, idx = encoder_topk(x, W, b, 20)
     finally:

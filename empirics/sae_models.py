@@ -81,7 +81,7 @@ from dictcheck.empirics.activation_normalisation import ActivationNormalisation
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
 from dictcheck.empirics.sparse_products import by_latent, gather_dots, scatter_rows
-from dictcheck.empirics.topk_select import encoder_topk, row_topk
+from dictcheck.empirics.topk_select import ALIKE_ROWS, encoder_topk, row_topk
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
 TOPK_FAMILY = ("topk", "batchtopk")
@@ -419,10 +419,16 @@ class SparseAutoencoder(Featurizer):
 
     @torch.no_grad()
     def _encoder_rows(self, xe: Tensor, rows: Tensor) -> Tensor:
-        """The pre-activation rows a[rows] (no gradient; a product of these rows only, which MKL
-        may round an ulp apart from the whole batch's when they are fewer than 16, see
-        :mod:`~dictcheck.empirics.topk_select`: only _batch_topk's rare heavy rows use it)."""
-        return self._encoder_affine(xe[rows])
+        """The pre-activation rows a[rows] (no gradient) as :func:`~dictcheck.empirics.topk_select.encoder_topk`
+        rounds them: from a product of at least ``ALIKE_ROWS`` rows (the requested ones, padded with
+        others), or of the whole batch when it is smaller, so a heavy row of _batch_topk holds
+        the very values its candidates came from. A product of these rows alone may round an ulp
+        apart, and an entry equal to θ̂ could then fall below it and be lost from the selection."""
+        n = xe.shape[0]
+        if n <= ALIKE_ROWS:
+            return self._encoder_affine(xe)[rows]
+        pad = torch.arange(max(0, ALIKE_ROWS - rows.numel()), device=rows.device)
+        return self._encoder_affine(xe[torch.cat([rows, pad])])[: rows.numel()]
 
     def encode(self, x: Tensor) -> Tensor:
         """Codes z of raw tokens x, shape (B, d_sae): the input normalisation (SAELens'

@@ -7,12 +7,12 @@ for the pre-activation a = x̃ W_enc + b_enc without materialising a: the encode
 computed in row blocks of (almost) equal size into one reused buffer of at most ≈ 8 MiB, the bias
 is added while the block is in cache, and its rows are selected there. The (n, d) pre-activation
 is never allocated (on the issue 17 setup, B = d_sae = 4096 float32, that is 64 MiB of fresh pages
-per step) and no bias pass over it runs. The block sizes differ by at most one row (no short last
-block) because MKL's GEMM rounds a row the same in a product of 16 or more rows as in the full
-one, but not always in a product of 1–3 rows (measured: an ulp apart): with blocks of ≥ 16 rows
-the values are bit for bit those of x̃ @ W_enc + b_enc in one piece (the dense path's, and any
-other reader's of the same weights, e.g. a BatchTopK model saved as JumpReLU) unless the batch
-itself is that small, when it is one block. Derivation: docs/ecosystem.md §3
+per step) and no bias pass over it runs. MKL's GEMM rounds a row the same in a product of
+``ALIKE_ROWS`` = 16 or more rows as in the full one, but not always in a product of 1–3 rows
+(measured: an ulp apart). So a block never has fewer than 16 rows (unless the whole batch is one
+smaller block) and the block sizes differ by at most one row (no short last block): the values
+are bit for bit those of x̃ @ W_enc + b_enc in one piece (the dense path's, and any other reader's
+of the same weights, e.g. a BatchTopK model saved as JumpReLU). Derivation: docs/ecosystem.md §3
 ("The TopK family's sparse step"); timings: benchmarks/RESULTS.md §4.
 
 Per row, in compiled code (numba; ``nogil``, so the rows of a block are split over
@@ -42,12 +42,14 @@ from torch import Tensor
 
 from dictcheck.empirics.sparse_products import run_split
 
-__all__ = ["encoder_topk", "row_topk"]
+__all__ = ["ALIKE_ROWS", "encoder_topk", "row_topk"]
 
 # fastmath: re-association only (the block maxima vectorise), no assumptions about NaN or inf.
 _JIT = dict(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 # Row blocks of encoder_topk: about this many bytes of pre-activations at a time.
 _BLOCK_BYTES = 8 << 20
+#: MKL's GEMM rounds a row alike in any product of at least this many rows (module docstring).
+ALIKE_ROWS = 16
 
 
 @nb.njit(inline="always", **_JIT)
@@ -136,14 +138,14 @@ def row_topk(a: Tensor, m: int) -> tuple[Tensor, Tensor]:
 @torch.no_grad()
 def encoder_topk(xe: Tensor, W_enc: Tensor, b_enc: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """:func:`row_topk` of a = xe @ W_enc + b_enc (CPU), computed in row blocks of at most ≈ 8 MiB
-    whose sizes differ by at most one row (module docstring), so that a is never materialised.
-    No gradient."""
+    (but at least ``ALIKE_ROWS`` rows) whose sizes differ by at most one row (module docstring), so
+    that a is never materialised. No gradient."""
     n = xe.shape[0]
     d = W_enc.shape[1]
     _check(m, d, xe.dtype)
     vals = torch.zeros(n, m, dtype=xe.dtype)
     idx = torch.zeros(n, m, dtype=torch.int64)
-    n_blocks = min(max(n, 1), max(1, -(-n * d * xe.element_size() // _BLOCK_BYTES)))
+    n_blocks = min(max(1, n // ALIKE_ROWS), max(1, -(-n * d * xe.element_size() // _BLOCK_BYTES)))
     cuts = [i * n // n_blocks for i in range(n_blocks + 1)]  # sizes ⌊n/n_blocks⌋ or one more
     buf = torch.empty(-(-n // n_blocks), d, dtype=xe.dtype)
     for lo, hi in zip(cuts[:-1], cuts[1:]):

@@ -389,11 +389,14 @@ def test_clear_errors():
 # Sparse decode of the TopK family (ActiveLatents, embedding-bag style) = the dense product
 # --------------------------------------------------------------------------------------------
 
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)
+# A batchtopk batch whose heavy row (5) holds θ̂ itself: recomputing that row alone rounded it an ulp
+# lower, so the sparse path lost the entry and kept another (issue 17 review).
+@example(seed=373263, arch="batchtopk", auxk=False, eval_mode=False, n=8, d_in=7, d_sae=24, k=4)
 @given(
     st.integers(0, 2**31 - 1),
     st.sampled_from(["topk", "batchtopk"]),
@@ -453,6 +456,26 @@ def test_gathering_forward_builds_the_dense_codes_only_when_read(arch):
     assert out.codes is z and tuple(z.shape) == (B, D_SAE) and z.grad_fn is not None
     assert torch.equal(out.fired(D_SAE), (z != 0).any(dim=0))
     assert torch.equal(z, sae.encode(_x()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(4))
+def test_batchtopk_heavy_rows_select_as_the_dense_path(seed, dtype):
+    """A batch of 40 tokens (> ALIKE_ROWS, so heavy rows are recomputed from a padded product) whose
+    few large tokens hold far more than 2k of the batch's top k·B entries: the gathered path keeps
+    exactly the dense path's entries, with the same values bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(40, 12, generator=g, dtype=dtype)
+    x[torch.randperm(40, generator=g)[:3]] *= 30.0  # heavy rows
+    out = []
+    for sparse in (True, False):
+        m = make_sae("batchtopk", 12, 64, k=3, dtype=dtype, seed=seed)
+        with torch.no_grad():
+            m.b_enc.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(seed))
+        m.sparse_decode = sparse
+        out.append(m(x).codes.detach())
+    assert torch.equal(out[0], out[1])
+    assert int((out[0] != 0).sum()) == 40 * 3
 
 
 def test_sparse_decode_is_the_default_for_the_topk_family():

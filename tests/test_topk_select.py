@@ -67,10 +67,9 @@ def test_row_topk_is_the_same_on_any_number_of_threads(threads):
 @given(st.integers(0, 2**31 - 1), st.integers(1, 40), st.integers(1, 12), st.integers(1, 90), st.integers(1, 20),
        st.sampled_from([torch.float32, torch.float64]), st.sampled_from([1 << 9, 1 << 12, 1 << 23]))
 def test_encoder_topk_is_row_topk_of_the_affine_map(seed, n, d_in, d, m, dtype, block_bytes):
-    """Block by block (small ``_BLOCK_BYTES``: many blocks, down to one row each) the selection is
-    a top m of x W + b to rounding: the values are torch.topk's, and the selected entries hold
-    them. (Not always bit for bit: the GEMM may round a block of 1–3 rows differently from the
-    whole product; see the next test for blocks of realistic size.)"""
+    """Block by block (small ``_BLOCK_BYTES``: many blocks, of at least ALIKE_ROWS rows each) the
+    selection is a top m of x W + b: the values are torch.topk's, and the selected entries hold
+    them (to rounding here; bit for bit in the next test)."""
     m = min(m, d)
     g = torch.Generator().manual_seed(seed)
     x, W, b = (torch.randn(*s, generator=g, dtype=torch.float64).to(dtype) for s in ((n, d_in), (d_in, d), (d,)))

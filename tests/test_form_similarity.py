@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dictcheck.solvers.form_matching import match_forms
@@ -57,6 +57,7 @@ def test_gram_route_equals_brute_force(seed: int, D: int, da: int, db: int, pa: 
 
 
 @settings(max_examples=20, deadline=None)
+@example(seed=917, D=4, d=4, prior="compound")  # two equal atoms (see the matching below)
 @given(seed=st.integers(0, 10_000), D=st.integers(3, 6), d=st.integers(2, 6), prior=st.sampled_from(PRIORS))
 def test_rotated_permuted_and_sign_flipped_copies_score_one(seed: int, D: int, d: int, prior: str) -> None:
     rng = np.random.default_rng(seed)
@@ -73,7 +74,13 @@ def test_rotated_permuted_and_sign_flipped_copies_score_one(seed: int, D: int, d
         mixed = FactoredForms(a.left, mix=Q @ a.mix)
         assert subspace_similarity(a, mixed) == pytest.approx(1.0, abs=1e-12)
     m = match_forms(copy, W)  # the Hungarian matching recovers the permutation
-    np.testing.assert_array_equal(perm[m.rows], m.cols)
+    # ... up to atoms that are equal up to sign (the compound prior can draw two equal rows of C, e.g.
+    # seed 917, D = d = 4, where either order is optimal): each copy is matched to its own atom or to
+    # an equal one, and to its own wherever its atom is unique.
+    F = W.reshape(d, -1) / np.linalg.norm(W.reshape(d, -1), axis=1, keepdims=True)
+    same = np.abs(F @ F.T) > 1.0 - 1e-12
+    assert sorted(m.rows.tolist()) == list(range(d)) and sorted(m.cols.tolist()) == list(range(d))
+    assert all(same[perm[r], c] for r, c in zip(m.rows, m.cols))
     assert m.mean_cosine == pytest.approx(1.0, abs=1e-12)
 
 

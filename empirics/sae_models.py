@@ -228,9 +228,10 @@ class _SelectedPreacts(torch.autograd.Function):
     and ∂L/∂b_dec = −Σ_t ∂L/∂x_t = −W_enc ∂L/∂b_enc (one matrix-vector product: the per-token sums
     are needed only when x itself requires a gradient), in O(B·k·d_in) instead of autograd's two
     dense (B·d_sae·d_in) products through a. Layout of idx/offsets as in :class:`ActiveLatents`,
-    whose ``cache`` (the grouping by latent) this backward shares. ∂L/∂W_enc is computed as its
-    transpose, (Σ_t g_tj x̃_t)_j: compiled on the CPU (float32/64,
-    :func:`~dictcheck.empirics.sparse_products.scatter_rows`), a sparse CSR product otherwise.
+    whose ``cache`` (the grouping by latent) this backward shares. ∂L/∂W_enc is summed by latent,
+    (Σ_t g_tj x̃_t)_j: compiled on the CPU (float32/64,
+    :func:`~dictcheck.empirics.sparse_products.scatter_rows`, which writes it in W_enc's (d_in, d_sae)
+    layout directly), a sparse CSR product otherwise.
     """
 
     @staticmethod
@@ -251,7 +252,7 @@ class _SelectedPreacts(torch.autograd.Function):
             d_sae = W_enc.shape[1]
             crow, order, tok = sel.by_latent(d_sae)
             if _compiled(xe):
-                grad_W = scatter_rows(crow, tok, flat_g[order], xe).T.contiguous()
+                grad_W = scatter_rows(crow, tok, flat_g[order], xe, transposed=True)
             else:
                 with warnings.catch_warnings():  # "sparse CSR support is in beta"
                     warnings.simplefilter("ignore", UserWarning)

@@ -37,6 +37,28 @@ def test_products_equal_the_dense_ones(seed, n, d_sae, per_token, e):
     torch.testing.assert_close(scatter_rows(crow, tok_sorted, val[order], G), Z.T @ G, rtol=1e-12, atol=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 70), st.integers(1, 8), st.integers(1, 40),
+       st.sampled_from([torch.float32, torch.float64]))
+def test_grouping_is_a_stable_argsort_and_the_transposed_layout_the_same_numbers(seed, n, d_sae, per_token, e, dtype):
+    """by_latent's counting sort gives what a stable argsort of the latents gives (the torch path,
+    kept for other devices), and scatter_rows(transposed=True) is scatter_rows(...).T bit for bit,
+    also across the 16-latent blocks it writes (d_sae up to 70, latents without entries)."""
+    tok, lat, val, _, _, G = _codes(seed, n, d_sae, per_token, e, dtype)
+    crow, order, tok_sorted = by_latent(lat, tok, d_sae)
+    ref = torch.argsort(lat, stable=True)
+    assert torch.equal(order, ref) and torch.equal(tok_sorted, tok[ref])
+    assert torch.equal(crow, torch.cat([crow.new_zeros(1), torch.bincount(lat, minlength=d_sae).cumsum(0)]))
+    rows = scatter_rows(crow, tok_sorted, val[order], G)
+    cols = scatter_rows(crow, tok_sorted, val[order], G, transposed=True)
+    assert cols.is_contiguous() and torch.equal(cols, rows.T)
+
+
+def test_grouping_of_no_entries():
+    crow, order, tok_sorted = by_latent(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 5)
+    assert crow.tolist() == [0] * 6 and order.numel() == 0 and tok_sorted.numel() == 0
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 def test_products_do_not_depend_on_the_thread_count(threads):
     tok, lat, val, _, W, G = _codes(3, 301, 97, 9, 33, torch.float32)
@@ -44,9 +66,11 @@ def test_products_do_not_depend_on_the_thread_count(threads):
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        ref = gather_dots(tok, lat, W, G), scatter_rows(crow, tok_sorted, val[order], G)
+        ref = gather_dots(tok, lat, W, G), scatter_rows(crow, tok_sorted, val[order], G), scatter_rows(
+            crow, tok_sorted, val[order], G, transposed=True)
         torch.set_num_threads(threads)
-        got = gather_dots(tok, lat, W, G), scatter_rows(crow, tok_sorted, val[order], G)
+        got = gather_dots(tok, lat, W, G), scatter_rows(crow, tok_sorted, val[order], G), scatter_rows(
+            crow, tok_sorted, val[order], G, transposed=True)
     finally:
         torch.set_num_threads(old)
     assert all(torch.equal(r, s) for r, s in zip(ref, got))

@@ -42,6 +42,25 @@ def test_row_topk_equals_torch_topk(seed, n, d, m, dtype, ties):
     _assert_same_selection(a, vals, idx, m)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 60), st.integers(1, 700), st.integers(1, 70),
+       st.sampled_from([torch.float32, torch.float64]), st.sampled_from(["same", "rising", "falling", "ties"]))
+def test_row_topk_is_exact_whatever_bound_the_previous_row_gives(seed, n, d, m, dtype, scales):
+    """Step 1 takes the previous row's bound when m to 2m chunk maxima reach it and computes the
+    row's own otherwise (module docstring). Rows of one scale mostly accept it, rows of rising
+    scale see it too low (more than 2m chunks), falling scale too high (fewer than m), and integer
+    rows tie at the bound: every path gives torch.topk's values and the lowest columns of ties."""
+    m = min(m, d)
+    g = torch.Generator().manual_seed(seed)
+    if scales == "ties":
+        a = torch.randint(-2, 3, (n, d), generator=g).to(dtype)
+    else:
+        s = {"same": torch.ones(n), "rising": torch.linspace(0.1, 10, n), "falling": torch.linspace(10, 0.1, n)}[scales]
+        a = (torch.randn(n, d, generator=g, dtype=torch.float64) * s.double().unsqueeze(1)).to(dtype)
+    vals, idx = row_topk(a, m)
+    _assert_same_selection(a, vals, idx, m)
+
+
 def test_row_topk_orders_infinities_as_numbers():
     a = torch.tensor([[0.0, float("inf"), -1.0, float("-inf"), 2.0], [float("-inf")] * 5])
     vals, idx = row_topk(a, 3)

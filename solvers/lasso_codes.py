@@ -725,14 +725,17 @@ def _phase_a_batched(ctx: _Ctx, Q: torch.Tensor, F0: torch.Tensor, T: int, res: 
 
 def _phase_a_compiled(ctx: _Ctx, Q: torch.Tensor, F0: torch.Tensor, T: int, res: _Results):
     """Phase A on the CPU in float64: :func:`dictcheck.solvers.active_set.solve_points`, one point at
-    a time in compiled code, from the guess F0 and each point's top-_CANDIDATES atoms of q. Same
-    contract as :func:`_phase_a`: finished points go to ``res`` with their exact violation, the
-    others are returned as [(pts, F, z)] for phase B. Returns (handed over, most full checks of a
-    point)."""
+    a time in compiled code, from the guess F0 and each point's top-_CANDIDATES atoms of q
+    (:func:`dictcheck.solvers.row_topk.topk_rows`). Same contract as :func:`_phase_a`: finished
+    points go to ``res`` with their exact violation, the others are returned as [(pts, F, z)] for
+    phase B. Returns (handed over, most full checks of a point)."""
     from dictcheck.solvers.active_set import solve_points
+    from dictcheck.solvers.row_topk import topk_rows
 
     null = ctx.d_z
-    cand = torch.topk(Q, min(ctx.d_z, _CANDIDATES), dim=1, sorted=False).indices.numpy()
+    m = min(ctx.d_z, _CANDIDATES)
+    cand = np.empty((Q.shape[0], m), dtype=np.int64)
+    topk_rows(Q.numpy(), m, np.empty((Q.shape[0], m)), cand)
     idx, val, viol, checks, ok = solve_points(
         ctx.Gz.numpy(), ctx.Gs.numpy(), Q.numpy(), F0.numpy(), cand, ctx.eps, ctx.tol * ctx.lam,
         ctx.rank_cap, T, ctx.u_screen, ctx.cmax2)

@@ -59,26 +59,44 @@ _ADD_DIV = 4
 _JOIN_MIN = 16
 
 
-@nb.njit(inline="always", **_JIT)
-def _chol_append(L, k, GPC, c_new, g_diag):
-    """Append an atom (column c_new of the local rows GPC, diagonal entry g_diag) to the Cholesky
-    factor L of G_PP (rows 0..k−1). False when the new pivot is not positive (dependent atom).
+@nb.njit(**_JIT)
+def _chol_rows(L, k0, k, G, P, GPC, inC):
+    """Rows k0..k−1 of the Cholesky factor of G_PP, given rows 0..k0−1 (the atoms P[k0:k] appended
+    to, or re-entered into, the factor; their local rows GPC[k0:k] gathered). Returns the number
+    of rows done: k − k0, or the position (from k0) of the first atom whose pivot is not positive
+    (dependent on the earlier ones); rows before it are valid.
 
-    L's diagonal holds the reciprocals 1/ℓ_ii, here and in every substitution, which multiply
-    instead of dividing: the divisions sat on the substitutions' critical path (measured 13 % of
-    the kernel on the RESULTS.md §3 problem)."""
-    for i in range(k):
-        acc = GPC[i, c_new]
-        for t in range(i):
-            acc -= L[i, t] * L[k, t]
-        L[k, i] = acc * L[i, i]
-    d = g_diag
-    for t in range(k):
-        d -= L[k, t] * L[k, t]
-    if not d > 1e-12 * g_diag:
-        return False
-    L[k, k] = 1.0 / math.sqrt(d)
-    return True
+    Row m is solved against rows 0..k0−1 for all new atoms together, one factor row at a time,
+    so their k − k0 substitution chains interleave (the chains, not the arithmetic, bound a single
+    row's cost), then against the new rows before it. Each entry is the same sum in the same order
+    as one row at a time. L's diagonal holds the reciprocals 1/ℓ_ii, so no substitution divides
+    (both measured on the RESULTS.md §3 problem)."""
+    for i in range(k0):
+        li = L[i]
+        r = li[i]
+        for m in range(k0, k):
+            lm = L[m]
+            acc = GPC[i, inC[P[m]]]
+            for t in range(i):
+                acc -= li[t] * lm[t]
+            lm[i] = acc * r
+    for m in range(k0, k):
+        lm = L[m]
+        c = inC[P[m]]
+        for i in range(k0, m):
+            li = L[i]
+            acc = GPC[i, c]
+            for t in range(i):
+                acc -= li[t] * lm[t]
+            lm[i] = acc * li[i]
+        g_diag = G[P[m], P[m]]
+        d = g_diag
+        for t in range(m):
+            d -= lm[t] * lm[t]
+        if not d > 1e-12 * g_diag:
+            return m - k0
+        lm[m] = 1.0 / math.sqrt(d)
+    return k - k0
 
 
 @nb.njit(inline="always", **_JIT)
@@ -106,16 +124,6 @@ def _chol_solve(L, k, rhs, out, y):
     """out = (L Lᵀ)⁻¹ rhs on the leading k entries (y is scratch)."""
     _forward(L, 0, k, rhs, y)
     _backward(L, k, y, out)
-
-
-@nb.njit(**_JIT)
-def _refactor(L, k, G, P, GPC, inC, start=0):
-    """Rows start..k−1 of the Cholesky factor of G_PP (rows before ``start`` depend only on the
-    leading atoms, which are unchanged); False if not positive definite."""
-    for m in range(start, k):
-        if not _chol_append(L, m, GPC, inC[P[m]], G[P[m], P[m]]):
-            return False
-    return True
 
 
 @nb.njit(**_JIT)
@@ -241,7 +249,7 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
     ny = 0  # rows of yq = L⁻¹ q_P that are valid
     # Feasible start: solve on the guess, drop the atoms with s ≤ 0, repeat.
     while k > 0:
-        if not _refactor(L, k, G, P, GPC, inC):
+        if _chol_rows(L, 0, k, G, P, GPC, inC) < k:
             ok = False
             break
         ny = _solve_on_support(L, k, q, P, qP, yq, 0, s, y)
@@ -271,8 +279,9 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
         stuck = False
         while True:  # Lawson–Hanson on C
             n_max = 1 if single else max(_ADD_MIN, k // _ADD_DIV)
-            n_new = 0
-            while n_new < n_max:
+            n_in = 0  # the entering atoms, by decreasing w, at P[k:k + n_in]
+            capped = False
+            while n_in < n_max:
                 best = eps
                 cb = -1
                 for c in range(nC):
@@ -281,18 +290,20 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
                         cb = c
                 if cb < 0:
                     break
-                jb = C[cb]
-                if k >= kcap or not _chol_append(L, k, GPC, cb, G[jb, jb]):
-                    if n_new == 0:
-                        ok = False
+                if k + n_in >= kcap:
+                    capped = True
                     break
                 isP[cb] = True
-                P[k] = jb
-                zP[k] = 0.0
-                _gather_row(GPC, k, G[jb], C, nC)
-                k += 1
-                n_new += 1
-            if n_new == 0 or not ok:
+                P[k + n_in] = C[cb]
+                zP[k + n_in] = 0.0
+                _gather_row(GPC, k + n_in, G[C[cb]], C, nC)
+                n_in += 1
+            n_new = _chol_rows(L, k, k + n_in, G, P, GPC, inC)
+            for t in range(k + n_new, k + n_in):  # dependent on the atoms before: not added
+                isP[inC[P[t]]] = False
+            k += n_new
+            if n_new == 0:
+                ok = not (capped or n_in > 0)
                 break
             progress = False
             while True:
@@ -335,7 +346,7 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
                         _move_row(GPC, m, t, nC)
                     m += 1
                 k = m
-                if not _refactor(L, k, G, P, GPC, inC, first_out):
+                if _chol_rows(L, first_out, k, G, P, GPC, inC) < k - first_out:
                     ok = False
                     break
                 ny = min(ny, first_out)

@@ -973,7 +973,7 @@ def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, F0: torch.Tensor | 
     _ADD_MIN largest violators): padded (idx, val), violations, checks."""
     n = Xc.shape[0]
     null = ctx.d_z
-    Q = Xc @ ctx.W - ctx.lam  # q_i = Wᵀx̃_i − λ1, (n, d_z)
+    Q = (Xc @ ctx.W).sub_(ctx.lam)  # q_i = Wᵀx̃_i − λ1, (n, d_z); in place: no second (n, d_z) tensor
     if F0 is None:
         F0 = torch.full((n, 1), null, dtype=torch.long, device=Q.device)
     res = _Results(n, ctx, Q.device, Q.dtype)

@@ -10,7 +10,11 @@ to its exact fallbacks (phases B and C). Per point, in compiled code (numba, ``n
 caller's worker threads run batches in parallel), which removes the per-step Python and batching
 overhead of the batched phase A (benchmarks/RESULTS.md §3):
 
-1. **Candidates.** C = the ``cand`` atoms (the caller's top-M of q) ∪ the warm-start guess. The
+The correlations q come in the screening precision only (q̃, float32, within e of q entrywise:
+``lasso_codes._correlation_bound``); every q_j the kernel uses exactly, it computes in float64 as
+⟨w_j, x̃⟩ − λ: for the atoms of C when they join it, and for the screen's band.
+
+1. **Candidates.** C = the ``cand`` atoms (the caller's top-M of q̃) ∪ the warm-start guess. The
    rows G[P, C] of the current support P are kept in a local (|P| × |C|) copy, so the restricted
    gradient w_C = q_C − G_CP z_P is a dense product on contiguous memory.
 2. **Lawson–Hanson on C with block additions** (Lawson & Hanson 1974, ch. 23, in Gram form;
@@ -21,8 +25,9 @@ overhead of the batched phase A (benchmarks/RESULTS.md §3):
    0) leaves P, and the factor is rebuilt from the first removed row. When a block makes no
    progress, one atom (the largest w) enters alone: the classical single addition. Ends when no
    atom of C has w > ``eps``.
-3. **Full check**, over all d_z atoms: the screened gradient g̃ = q − Σ_{t∈P} z_t G[t, :] in the
-   precision of ``Gs`` (float32), with the rounding bound of ``lasso_codes._screen_bound``.
+3. **Full check**, over all d_z atoms: the screened gradient g̃ = q̃ − Σ_{t∈P} z_t G[t, :] in the
+   precision of ``Gs`` (float32), with the rounding bound of ``lasso_codes._screen_bound`` plus e
+   (so B ≥ |g̃ − g| for every atom).
    If the screen alone proves atoms outside C to violate (g̃ > eps + B, so g > eps), the largest
    of them (at most max(16, |P|)) join C and step 2 resumes at once: no exact re-evaluation is
    spent on a check that must fail (measured 12–20 % of the kernel's time, benchmarks/RESULTS.md
@@ -34,7 +39,7 @@ overhead of the batched phase A (benchmarks/RESULTS.md §3):
    ``max_checks`` full checks or ``4·kcap + 100`` solves, when C is full, or when a single
    addition stalls with nothing new to add.
 
-Floating point: float64 throughout except the screen. ``fastmath`` allows only re-association and
+Floating point: float64 throughout except the screen and q̃. ``fastmath`` allows only re-association and
 fused multiply-adds (so reductions vectorise), never assumptions about NaN or infinities. A point's
 result depends only on the point, not on its batch or thread.
 """
@@ -140,29 +145,46 @@ def _gather_row(GPC, t, row, C, nC):
         GPC[t, c] = row[C[c]]
 
 
+@nb.njit(inline="always", **_JIT)
+def _exact_q(WT, j, x, lam):
+    """q_j = ⟨w_j, x̃⟩ − λ in float64 (w_j = row j of WT)."""
+    w = WT[j]
+    acc = w[0] * x[0]
+    for d in range(1, x.shape[0]):
+        acc += w[d] * x[d]
+    return acc - lam
+
+
+@nb.njit(inline="always", **_JIT)
+def _enter_candidate(j, C, nC, inC, qC, WT, x, lam):
+    """Atom j joins C at local index nC, with its exact q_j; returns the new |C|."""
+    inC[j] = nC
+    C[nC] = j
+    qC[nC] = _exact_q(WT, j, x, lam)
+    return nC + 1
+
+
 @nb.njit(**_JIT)
-def _join_candidates(G, P, k, C, nC, inC, GPC, viol_idx, viol_val, n_viol, n_join):
+def _join_candidates(G, P, k, C, nC, inC, qC, WT, x, lam, GPC, viol_idx, viol_val, n_viol, n_join):
     """The n_join largest of the n_viol violators (viol_idx, values viol_val) join C, with their
     local columns G[P, j] (read from the Gram row j, equal by symmetry); returns the new |C|."""
     order = np.argsort(-viol_val[:n_viol])[:n_join] if n_viol > n_join else np.arange(n_join)
     for r in order:
         j = viol_idx[r]
-        inC[j] = nC
-        C[nC] = j
         row = G[j]
         for t in range(k):
             GPC[t, nC] = row[P[t]]
-        nC += 1
+        nC = _enter_candidate(j, C, nC, inC, qC, WT, x, lam)
     return nC
 
 
 @nb.njit(**_JIT)
-def _solve_on_support(L, k, q, P, qP, yq, ny, s, y):
+def _solve_on_support(L, k, qC, inC, P, qP, yq, ny, s, y):
     """s = G_PP⁻¹ q_P from the current factor L. yq[:ny] holds L⁻¹ q_P already: rows of the
     factor and of q_P stay as they are when atoms are appended, so only rows ny..k−1 of the
     forward substitution are computed. Returns k, the new count of valid rows of yq."""
     for t in range(ny, k):
-        qP[t] = q[P[t]]
+        qP[t] = qC[inC[P[t]]]
     _forward(L, ny, k, qP, yq)
     for t in range(k):
         y[t] = yq[t]
@@ -191,10 +213,10 @@ def _screen_gradient(gs, Gs, P, zs, k):
 
 
 @nb.njit(**_JIT)
-def _restricted_gradient(q, C, nC, GPC, zP, k, wC):
+def _restricted_gradient(qC, nC, GPC, zP, k, wC):
     """w_C = q_C − G_CP z_P from the local rows."""
     for c in range(nC):
-        wC[c] = q[C[c]]
+        wC[c] = qC[c]
     for t in range(k):
         zt = zP[t]
         for c in range(nC):
@@ -202,11 +224,11 @@ def _restricted_gradient(q, C, nC, GPC, zP, k, wC):
 
 
 @nb.njit(**_JIT)
-def _support_gradient(q, P, k, GPC, inC, zP, gP):
+def _support_gradient(qC, P, k, GPC, inC, zP, gP):
     """Exact g_P = q_P − G_PP z_P (float64); returns max |g_P|."""
     worst = 0.0
     for t in range(k):
-        acc = q[P[t]]
+        acc = qC[inC[P[t]]]
         for v in range(k):
             acc -= GPC[t, inC[P[v]]] * zP[v]
         gP[t] = acc
@@ -215,20 +237,18 @@ def _support_gradient(q, P, k, GPC, inC, zP, gP):
 
 
 @nb.njit(**_JIT)
-def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
-                 P, zP, L, qP, yq, s, y, C, inC, isP, wC, gs, zs, GPC, viol_idx, viol_val):
+def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
+                 P, zP, L, qP, yq, s, y, C, inC, isP, wC, gs, zs, GPC, viol_idx, viol_val, qC):
     """One point (see the module docstring). Returns (|P|, full checks, exact violation, ok); the
     code is z_P on P[:|P|]. Scratch: inC must be −1 and isP False on entry; both are restored."""
-    d_z = q.shape[0]
+    d_z = qs.shape[0]
     Mcap = GPC.shape[1]
     nC = 0
     k = 0
     for t in range(cand.shape[0]):
         j = cand[t]
         if inC[j] < 0 and nC < Mcap:
-            inC[j] = nC
-            C[nC] = j
-            nC += 1
+            nC = _enter_candidate(j, C, nC, inC, qC, WT, x, lam)
     for t in range(guess.shape[0]):
         j = guess[t]
         if j >= d_z or k >= kcap:
@@ -236,9 +256,7 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
         if inC[j] < 0:
             if nC >= Mcap:
                 continue
-            inC[j] = nC
-            C[nC] = j
-            nC += 1
+            nC = _enter_candidate(j, C, nC, inC, qC, WT, x, lam)
         if not isP[inC[j]]:
             isP[inC[j]] = True
             P[k] = j
@@ -252,7 +270,7 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
         if _chol_rows(L, 0, k, G, P, GPC, inC) < k:
             ok = False
             break
-        ny = _solve_on_support(L, k, q, P, qP, yq, 0, s, y)
+        ny = _solve_on_support(L, k, qC, inC, P, qP, yq, 0, s, y)
         m = 0
         for t in range(k):
             if s[t] > 0:
@@ -268,13 +286,14 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
         k = m
     qabs = 0.0
     for j in range(d_z):
-        qabs = max(qabs, abs(q[j]))
+        qabs = max(qabs, abs(qs[j]))
+    qabs += eq
     checks = 0
     viol = np.inf
     n_solves = 0
     max_solves = 4 * kcap + 100
     while ok:
-        _restricted_gradient(q, C, nC, GPC, zP, k, wC)
+        _restricted_gradient(qC, nC, GPC, zP, k, wC)
         single = False
         stuck = False
         while True:  # Lawson–Hanson on C
@@ -311,7 +330,7 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
                 if n_solves > max_solves:
                     ok = False
                     break
-                ny = _solve_on_support(L, k, q, P, qP, yq, ny, s, y)
+                ny = _solve_on_support(L, k, qC, inC, P, qP, yq, ny, s, y)
                 feasible = True
                 for t in range(k):
                     if s[t] <= 0:
@@ -356,7 +375,7 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
                 stuck = True
                 break
             single = not progress
-            _restricted_gradient(q, C, nC, GPC, zP, k, wC)
+            _restricted_gradient(qC, nC, GPC, zP, k, wC)
         if not ok:
             break
         # Full check over all atoms: screened, then exact where the screen cannot decide.
@@ -367,11 +386,11 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
         if u > 0.0:
             m_terms = k + 2
             gamma = m_terms * u / (1.0 - m_terms * u)
-            bound = 2.0 * (gamma + 2.0 * u) * (c2 * zl1 + qabs) + (m_terms + 2) * 2.0**-149
+            bound = 2.0 * (gamma + 2.0 * u) * (c2 * zl1 + qabs) + (m_terms + 2) * 2.0**-149 + eq
         else:
             bound = 0.0
         for j in range(d_z):
-            gs[j] = q[j]
+            gs[j] = qs[j]
         for t in range(k):
             zs[t] = zP[t]
         _screen_gradient(gs, Gs, P, zs, k)
@@ -387,14 +406,14 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
                 n_sure += 1
         n_join = min(n_sure, max(_JOIN_MIN, k), Mcap - nC)
         if n_join > 0 and checks < max_checks:
-            nC = _join_candidates(G, P, k, C, nC, inC, GPC, viol_idx, viol_val, n_sure, n_join)
+            nC = _join_candidates(G, P, k, C, nC, inC, qC, WT, x, lam, GPC, viol_idx, viol_val, n_sure, n_join)
             continue
         off = 0.0
         n_viol = 0
         for j in range(d_z):
             if gs[j] > -bound:
                 row = G[j]
-                g = q[j]
+                g = _exact_q(WT, j, x, lam)
                 for t in range(k):
                     g -= zP[t] * row[P[t]]
                 off = max(off, g)
@@ -404,8 +423,8 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
                     n_viol += 1
         # The largest violators join C: at most max(_JOIN_MIN, |P|) per check, within C's capacity.
         added = min(n_viol, max(_JOIN_MIN, k), Mcap - nC)
-        nC = _join_candidates(G, P, k, C, nC, inC, GPC, viol_idx, viol_val, n_viol, added)
-        sup = _support_gradient(q, P, k, GPC, inC, zP, qP)
+        nC = _join_candidates(G, P, k, C, nC, inC, qC, WT, x, lam, GPC, viol_idx, viol_val, n_viol, added)
+        sup = _support_gradient(qC, P, k, GPC, inC, zP, qP)
         viol = max(sup, off)
         if viol <= tol_abs:
             break
@@ -425,19 +444,22 @@ def _solve_point(G, Gs, q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
 
 
 @nb.njit(**_JIT)
-def solve_points(G, Gs, Q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2):
-    """Exact codes of the rows of Q (n, d_z) = X̃W − λ (module docstring), one point after another.
+def solve_points(G, Gs, Qs, X, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max_checks, u, c2):
+    """Exact codes of the points X (n, D) = the centred x̃_i (module docstring), one after another.
 
     G (≥ d_z, ≥ d_z) float64 Gram matrix (a null row and column beyond d_z are ignored); Gs its
-    screening copy (float32, or G itself with u = 0); guess (n, K) warm-start supports padded with
-    any index ≥ d_z; cand (n, M) candidate atoms (the caller's top-M of each row of Q); eps the
-    threshold for adding an atom, tol_abs the absolute KKT tolerance (tol·λ); kcap = min(D, d_z);
-    u the unit roundoff of Gs (0 for exact screening); c2 the largest squared atom norm.
+    screening copy (float32, or G itself with u = 0); Qs (n, d_z) the correlations q = X̃W − λ in
+    the screening precision, within eq (n,) of the exact ones (entrywise); WT (d_z, D) float64,
+    the atoms as rows, from which every q_j the kernel uses exactly is computed (in float64: the
+    atoms of C, and the screen's band); guess (n, K) warm-start supports padded with any index
+    ≥ d_z; cand (n, M) candidate atoms (the caller's top-M of each row of Qs); eps the threshold
+    for adding an atom, tol_abs the absolute KKT tolerance (tol·λ); kcap = min(D, d_z); u the unit
+    roundoff of Gs (0 for exact screening); c2 the largest squared atom norm.
 
     Returns idx (n, kcap) int64 with d_z in unused slots, val (n, kcap), viol (n,) the exact
     absolute KKT violation, checks (n,) full checks per point, ok (n,) bool (False: hand over).
     """
-    n, d_z = Q.shape
+    n, d_z = Qs.shape
     m_cap = min(d_z, max(4 * (cand.shape[1] + guess.shape[1]), 4 * kcap))
     idx = np.full((n, kcap), d_z, dtype=np.int64)
     val = np.zeros((n, kcap))
@@ -460,9 +482,11 @@ def solve_points(G, Gs, Q, guess, cand, eps, tol_abs, kcap, max_checks, u, c2):
     GPC = np.empty((kcap, m_cap))
     viol_idx = np.empty(d_z, dtype=np.int64)
     viol_val = np.empty(d_z)
+    qC = np.empty(m_cap)
     for i in range(n):
-        k, chk, v, good = _solve_point(G, Gs, Q[i], guess[i], cand[i], eps, tol_abs, kcap, max_checks,
-                                       u, c2, P, zP, L, qP, yq, s, y, C, inC, isP, wC, gs, zs, GPC, viol_idx, viol_val)
+        k, chk, v, good = _solve_point(G, Gs, Qs[i], X[i], WT, lam, eq[i], guess[i], cand[i], eps, tol_abs,
+                                       kcap, max_checks, u, c2, P, zP, L, qP, yq, s, y, C, inC, isP, wC, gs,
+                                       zs, GPC, viol_idx, viol_val, qC)
         checks[i] = chk
         viol[i] = v
         ok[i] = good

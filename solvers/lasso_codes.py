@@ -723,27 +723,56 @@ def _phase_a_batched(ctx: _Ctx, Q: torch.Tensor, F0: torch.Tensor, T: int, res: 
     return _phase_a(ctx, Q, Q.to(ctx.Gs.dtype), qmax, F0, T, res)
 
 
-def _phase_a_compiled(ctx: _Ctx, Q: torch.Tensor, F0: torch.Tensor, T: int, res: _Results):
-    """Phase A on the CPU in float64: :func:`dictcheck.solvers.active_set.solve_points`, one point at
-    a time in compiled code, from the guess F0 and each point's top-_CANDIDATES atoms of q
-    (:func:`dictcheck.solvers.row_topk.topk_rows`). Same contract as :func:`_phase_a`: finished
-    points go to ``res`` with their exact violation, the others are returned as [(pts, F, z)] for
-    phase B. Returns (handed over, most full checks of a point)."""
-    from dictcheck.solvers.active_set import solve_points
+def _correlation_bound(ctx: _Ctx, Xc: torch.Tensor) -> np.ndarray:
+    """(n,) bounds e_i ≥ max_j |q̃_ij − q_ij| for q̃ = fl(fl(X̃) fl(W) − λ) in the screening
+    precision (unit roundoff u; 0 when the screen is exact). Products of D terms with rounded
+    inputs: |fl(x̃ᵀw) − x̃ᵀw| ≤ γ_{D+2} |x̃|ᵀ|w| ≤ γ_{D+2} ‖x̃‖ ‖w‖ (Higham 2002, §3.1; Cauchy–Schwarz),
+    then the subtraction of fl(λ) adds ≤ 2u‖x̃‖‖w‖ + 3uλ, and subnormal rounding ≤ (D + 2)·2⁻¹⁴⁹
+    (the same underflow term as :func:`_screen_bound`). ‖w‖ ≤ √c2 over all atoms."""
+    u = ctx.u_screen
+    n, D = Xc.shape
+    if u == 0.0:
+        return np.zeros(n)
+    gamma = (D + 2) * u / (1.0 - (D + 2) * u)
+    norms = torch.linalg.vector_norm(Xc, dim=1).numpy() * (1.0 + 1e-12)  # float64 norm, inflated
+    return (gamma + 2.0 * u) * norms * math.sqrt(ctx.cmax2) + 3.0 * u * ctx.lam + (D + 2) * 2.0**-149
+
+
+def _compiled_inputs(ctx: _Ctx, Xc: torch.Tensor, F0: torch.Tensor, T: int) -> tuple:
+    """The arguments of :func:`dictcheck.solvers.active_set.solve_points` for the centred points
+    Xc (n, D), float64 on the CPU: q̃ = X̃W − λ in the screening precision, its bound, and each
+    point's top-_CANDIDATES atoms of q̃ (:func:`dictcheck.solvers.row_topk.topk_rows`)."""
     from dictcheck.solvers.row_topk import topk_rows
 
-    null = ctx.d_z
+    n = Xc.shape[0]
+    Qs = torch.mm(Xc.to(ctx.Ws.dtype), ctx.Ws).sub_(ctx.lam).numpy()
     m = min(ctx.d_z, _CANDIDATES)
-    cand = np.empty((Q.shape[0], m), dtype=np.int64)
-    topk_rows(Q.numpy(), m, np.empty((Q.shape[0], m)), cand)
-    idx, val, viol, checks, ok = solve_points(
-        ctx.Gz.numpy(), ctx.Gs.numpy(), Q.numpy(), F0.numpy(), cand, ctx.eps, ctx.tol * ctx.lam,
-        ctx.rank_cap, T, ctx.u_screen, ctx.cmax2)
+    cand = np.empty((n, m), dtype=np.int64)
+    topk_rows(Qs, m, np.empty((n, m), dtype=Qs.dtype), cand)
+    return (ctx.Gz.numpy(), ctx.Gs.numpy(), Qs, Xc.numpy(), ctx.WT.numpy(), ctx.lam, _correlation_bound(ctx, Xc),
+            F0.numpy(), cand, ctx.eps, ctx.tol * ctx.lam, ctx.rank_cap, T, ctx.u_screen, ctx.cmax2)
+
+
+def _phase_a_compiled(ctx: _Ctx, Xc: torch.Tensor, F0: torch.Tensor, T: int, res: _Results):
+    """Phase A on the CPU in float64: :func:`dictcheck.solvers.active_set.solve_points`, one point at
+    a time in compiled code, from the guess F0 and each point's top-_CANDIDATES atoms of q
+    (:func:`dictcheck.solvers.row_topk.topk_rows`). The correlations X̃W − λ are computed in the
+    screening precision only (float32: half the float64 GEMM's time, measured 6 against 11 ms per
+    1000 points of the RESULTS §3 problem), within :func:`_correlation_bound` of the exact ones,
+    which the kernel adds to its screen's bound; every q_j it uses exactly it computes in float64
+    from x̃ and w_j. Same contract as :func:`_phase_a`: finished points go to ``res`` with their
+    exact violation, the others are returned as [(pts, F, z)] for phase B. Returns (handed over,
+    most full checks of a point)."""
+    from dictcheck.solvers.active_set import solve_points
+
+    null = ctx.d_z
+    n = Xc.shape[0]
+    idx, val, viol, checks, ok = solve_points(*_compiled_inputs(ctx, Xc, F0, T))
     width = max(1, int((idx < null).sum(axis=1).max())) if idx.size else 1
     F = torch.from_numpy(idx[:, :width])
     z = torch.from_numpy(val[:, :width])
     done = torch.from_numpy(ok)
-    pts = torch.arange(Q.shape[0])
+    pts = torch.arange(n)
     res.add(pts[done], F[done], z[done], torch.from_numpy(viol)[done] / ctx.lam)
     handed = [] if bool(done.all()) else [(pts[~done], F[~done], z[~done])]
     return handed, int(checks.max()) if checks.size else 0
@@ -973,13 +1002,18 @@ def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, F0: torch.Tensor | 
     _ADD_MIN largest violators): padded (idx, val), violations, checks."""
     n = Xc.shape[0]
     null = ctx.d_z
-    Q = (Xc @ ctx.W).sub_(ctx.lam)  # q_i = Wᵀx̃_i − λ1, (n, d_z); in place: no second (n, d_z) tensor
     if F0 is None:
-        F0 = torch.full((n, 1), null, dtype=torch.long, device=Q.device)
-    res = _Results(n, ctx, Q.device, Q.dtype)
-    compiled = Q.device.type == "cpu" and Q.dtype == torch.float64
-    phase_a = _phase_a_compiled if compiled else _phase_a_batched
-    handed, used = phase_a(ctx, Q, F0, min(max_iter, _PHASE_A_ITERS), res)
+        F0 = torch.full((n, 1), null, dtype=torch.long, device=Xc.device)
+    res = _Results(n, ctx, Xc.device, Xc.dtype)
+    T = min(max_iter, _PHASE_A_ITERS)
+    Q = None
+    if Xc.device.type == "cpu" and Xc.dtype == torch.float64:
+        handed, used = _phase_a_compiled(ctx, Xc, F0, T, res)
+    else:
+        Q = (Xc @ ctx.W).sub_(ctx.lam)  # q_i = Wᵀx̃_i − λ1, (n, d_z); in place: no second (n, d_z) tensor
+        handed, used = _phase_a_batched(ctx, Q, F0, T, res)
+    if handed and Q is None:  # the fallbacks work on the float64 correlations
+        Q = (Xc @ ctx.W).sub_(ctx.lam)
     if handed and used < max_iter:
         pts, F, z = _concat_groups(handed, null)
         ws = _sort_sets(F, null)

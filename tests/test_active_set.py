@@ -41,7 +41,8 @@ def test_compiled_phase_a_equals_the_batched_one(seed, D, d_z, k, lam) -> None:
     W, X, b = _problem(seed, D, d_z, 30, k)
     compiled = exact_codes(W, X, b, lam)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lc, "_phase_a_compiled", lc._phase_a_batched)  # the batched torch phase A on the CPU
+        mp.setattr(lc, "_phase_a_compiled",  # the batched torch phase A on the CPU
+                   lambda ctx, Xc, F0, T, res: lc._phase_a_batched(ctx, (Xc @ ctx.W).sub_(ctx.lam), F0, T, res))
         batched = exact_codes(W, X, b, lam)
     for res in (compiled, batched):
         assert res.converged and res.kkt_violation <= TOL
@@ -56,15 +57,12 @@ def test_compiled_phase_a_equals_the_batched_one(seed, D, d_z, k, lam) -> None:
             np.testing.assert_allclose(compiled.Z[:, i], batched.Z[:, i], atol=1e-9 * scale, rtol=0)
 
 
-def _kernel_inputs(W, X, b, lam, guess=None, m=8, max_checks=30):
+def _kernel_inputs(W, X, b, lam, guess=None, max_checks=30):
     ctx = lc._make_ctx(W, lam, TOL, torch.device("cpu"), torch.float64)
-    Q = torch.as_tensor(np.ascontiguousarray((X - b[:, None]).T)) @ ctx.W - lam
-    n, d_z = Q.shape
-    cand = torch.topk(Q, min(m, d_z), dim=1, sorted=False).indices.numpy()
-    if guess is None:
-        guess = np.full((n, 1), d_z)
-    return (ctx.Gz.numpy(), ctx.Gs.numpy(), Q.numpy(), guess, cand, ctx.eps, TOL * lam, ctx.rank_cap, max_checks,
-            ctx.u_screen, ctx.cmax2)
+    Xc = torch.as_tensor(np.ascontiguousarray((X - b[:, None]).T))
+    n, d_z = Xc.shape[0], W.shape[1]
+    F0 = torch.as_tensor(np.full((n, 1), d_z) if guess is None else guess)
+    return lc._compiled_inputs(ctx, Xc, F0, max_checks)
 
 
 def _codes(idx, val, d_z: int) -> np.ndarray:
@@ -107,3 +105,25 @@ def test_kernel_hands_over_what_it_cannot_finish() -> None:
     init[[0, d_z - 1]] = 1.0
     res = exact_codes(W2, X, b, lam, init=init)
     assert res.converged and kkt_violation(W2, res.Z, X, b, lam) <= TOL
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 300), st.integers(1, 60), st.floats(-30, 30), st.floats(-30, 30),
+       st.floats(1e-6, 1e3))
+def test_float32_correlations_lie_within_their_bound(seed, D, d_z, log2_x, log2_w, lam) -> None:
+    """The kernel's q̃ = fl32(X̃W − λ) is within _correlation_bound of the float64 q, entrywise, on
+    data of any scale (entries spread over 2¹² within a matrix, cancellation included); the bound
+    is not vacuous: at most 1e-3 of ‖x̃‖·max‖w‖ + λ."""
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(D, d_z)) * 2.0 ** rng.uniform(-6, 6, size=(D, d_z)) * 2.0**log2_w
+    X = rng.normal(size=(D, 7)) * 2.0 ** rng.uniform(-6, 6, size=(D, 7)) * 2.0**log2_x
+    X[:, 0] = W[:, 0] * 2.0**log2_x  # a point along an atom: large correlations next to small ones
+    ctx = lc._make_ctx(W, lam, TOL, torch.device("cpu"), torch.float64)
+    Xc = torch.as_tensor(np.ascontiguousarray(X.T))
+    args = lc._compiled_inputs(ctx, Xc, torch.full((7, 1), d_z), 30)
+    Qs, eq = args[2], args[6]
+    assert Qs.dtype == np.float32
+    exact = X.T @ W - lam
+    assert (np.abs(Qs.astype(np.float64) - exact) <= eq[:, None]).all()
+    scale = np.linalg.norm(X, axis=0) * np.sqrt(ctx.cmax2) + lam
+    assert (eq <= 1e-3 * scale).all()

@@ -25,16 +25,17 @@ Algorithm (``exact_codes``)
 Write G = WᵀW and c_i = Wᵀx̃_i. Up to a constant, (P_i)/2 is the non-negative quadratic program
 min_{z≥0} ½ zᵀGz − q_iᵀz with q_i = c_i − λ1, and g_i = q_i − G z_i = Wᵀr_i − λ1 is the
 quantity (KKT-z) constrains (g = 0 on the support, g ≤ 0 off it). Points are processed in
-batches: one matmul X̃ᵀW per batch gives q (float64: the one product no exact method avoids),
-then every step works on the (d_z+1)² Gram matrix (a zero "null atom" pads index sets to a common
+batches: one matmul X̃ᵀW per batch gives q (the one product no exact method avoids; the compiled
+CPU phase A computes it in float32 only, with a rigorous bound on its error, and each q_j it
+needs exactly in float64), then every step works on the (d_z+1)² Gram matrix (a zero "null atom" pads index sets to a common
 width; built once per call, in mirrored blocks) and on each point's guessed support F, held as a
 padded index set; small systems are grouped in chunks of similar width.
 
 Phase A (almost every point). On the CPU in float64 it runs in compiled code, one point at a time
 (:mod:`dictcheck.solvers.active_set`: Lawson–Hanson with block additions on a candidate set that
-starts as the point's top-32 atoms of q, the same screened full check with exact violations, and
-the same hand-over to phases B and C): 2.0–2.35× faster than the batched version at the check-sae
-size and 1.3–1.7× on the problem of benchmarks/RESULTS.md §3. The batched version, described next,
+starts as the point's top-16 atoms of q, the same screened full check with exact violations, and
+the same hand-over to phases B and C; RESULTS.md §3 has its timings against the batched version
+and scikit-learn). The batched version, described next,
 runs on CUDA and in float32. Principal pivoting / semismooth Newton on all atoms with limited
 additions (primal–dual active set). Start from a guessed support F: the warm start's (``init``),
 otherwise F = ∅, z = 0. Each step solves G_FF z_F = q_F (batched Cholesky), which also gives the

@@ -746,11 +746,12 @@ def _compiled_inputs(ctx: _Ctx, Xc: torch.Tensor, F0: torch.Tensor, T: int) -> t
     from dictcheck.solvers.row_topk import topk_rows
 
     n = Xc.shape[0]
-    Qs = torch.mm(Xc.to(ctx.Ws.dtype), ctx.Ws).sub_(ctx.lam).numpy()
+    lam = ctx.lam  # the λ of q = X̃W − λ, for the screen's q̃ and the kernel's exact q_j alike
+    Qs = torch.mm(Xc.to(ctx.Ws.dtype), ctx.Ws).sub_(lam).numpy()
     m = min(ctx.d_z, _CANDIDATES)
     cand = np.empty((n, m), dtype=np.int64)
     topk_rows(Qs, m, np.empty((n, m), dtype=Qs.dtype), cand)
-    return (ctx.Gz.numpy(), ctx.Gs.numpy(), Qs, Xc.numpy(), ctx.WT.numpy(), ctx.lam, _correlation_bound(ctx, Xc),
+    return (ctx.Gz.numpy(), ctx.Gs.numpy(), Qs, Xc.numpy(), ctx.WT.numpy(), lam, _correlation_bound(ctx, Xc),
             F0.numpy(), cand, ctx.eps, ctx.tol * ctx.lam, ctx.rank_cap, T, ctx.u_screen, ctx.cmax2)
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dictcheck.solvers import lasso_codes as lc
-from dictcheck.solvers.active_set import solve_points
+from dictcheck.solvers.active_set import _largest_first, solve_points
 from dictcheck.solvers.lasso_codes import exact_codes, kkt_violation
 from dictcheck.theory.objective import sae_objective
 from test_lasso_codes import _unique_and_well_conditioned
@@ -127,3 +127,20 @@ def test_float32_correlations_lie_within_their_bound(seed, D, d_z, log2_x, log2_
     assert (np.abs(Qs.astype(np.float64) - exact) <= eq[:, None]).all()
     scale = np.linalg.norm(X, axis=0) * np.sqrt(ctx.cmax2) + lam
     assert (eq <= 1e-3 * scale).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(-1e6, 1e6), st.sampled_from([0.0, 1.0, -2.5])), min_size=1, max_size=120),
+       st.data())
+def test_largest_first_puts_the_m_largest_first(values, data) -> None:
+    """The violators that join C: after _largest_first(val, idx, n, m) the first m values are the m
+    largest (as a multiset, ties included), each value still paired with its index, nothing lost."""
+    val = np.array(values)
+    n = val.size
+    m = data.draw(st.integers(1, n))
+    idx = np.arange(n)
+    out = val.copy()
+    _largest_first(out, idx, n, m)
+    assert np.array_equal(val[idx], out)
+    assert np.array_equal(np.sort(idx), np.arange(n))
+    assert np.array_equal(np.sort(out[:m]), np.sort(val)[n - m:])

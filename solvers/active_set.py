@@ -15,8 +15,10 @@ The correlations q come in the screening precision only (q̃, float32, within e 
 ⟨w_j, x̃⟩ − λ: for the atoms of C when they join it, and for the screen's band.
 
 1. **Candidates.** C = the ``cand`` atoms (the caller's top-M of q̃) ∪ the warm-start guess. The
-   rows G[P, C] of the current support P are kept in a local (|P| × |C|) copy, so the restricted
-   gradient w_C = q_C − G_CP z_P is a dense product on contiguous memory.
+   Gram block G_CC is kept in a local copy, each entry read from G once, when the later of its
+   two atoms joins C; so the restricted gradient w_C = q_C − G_CP z_P is a dense product on
+   contiguous rows, and an atom entering P reads nothing from G. |C| is at most
+   min(d_z, 4·max(M + K, kcap), _C_CAP) (K the guess width).
 2. **Lawson–Hanson on C with block additions** (Lawson & Hanson 1974, ch. 23, in Gram form;
    Bro & De Jong 1997). The iterate z ≥ 0 is optimal on P. Up to max(4, |P|/4) atoms of C with
    the largest w > ``eps`` enter P at once (Cholesky factor of G_PP appended row by row); the
@@ -62,12 +64,15 @@ _ADD_MIN = 4
 _ADD_DIV = 4
 # Full check: at most max(_JOIN_MIN, |P|) of the largest violators outside C join C.
 _JOIN_MIN = 16
+# At most this many candidates per point (C full: hand over), so that the local G_CC stays within
+# 32 MiB per thread; the RESULTS.md §3 problem ends with |C| ≈ 43, the large one well below.
+_C_CAP = 2048
 
 
 @nb.njit(**_JIT)
-def _chol_rows(L, k0, k, G, P, GPC, inC):
+def _chol_rows(L, k0, k, G, P, GCC, inC):
     """Rows k0..k−1 of the Cholesky factor of G_PP, given rows 0..k0−1 (the atoms P[k0:k] appended
-    to, or re-entered into, the factor; their local rows GPC[k0:k] gathered). Returns the number
+    to, or re-entered into, the factor; G_PP read from the local G_CC). Returns the number
     of rows done: k − k0, or the position (from k0) of the first atom whose pivot is not positive
     (dependent on the earlier ones); rows before it are valid.
 
@@ -79,18 +84,19 @@ def _chol_rows(L, k0, k, G, P, GPC, inC):
     for i in range(k0):
         li = L[i]
         r = li[i]
+        gi = GCC[inC[P[i]]]
         for m in range(k0, k):
             lm = L[m]
-            acc = GPC[i, inC[P[m]]]
+            acc = gi[inC[P[m]]]
             for t in range(i):
                 acc -= li[t] * lm[t]
             lm[i] = acc * r
     for m in range(k0, k):
         lm = L[m]
-        c = inC[P[m]]
+        gm = GCC[inC[P[m]]]
         for i in range(k0, m):
             li = L[i]
-            acc = GPC[i, c]
+            acc = gm[inC[P[i]]]
             for t in range(i):
                 acc -= li[t] * lm[t]
             lm[i] = acc * li[i]
@@ -132,17 +138,19 @@ def _chol_solve(L, k, rhs, out, y):
 
 
 @nb.njit(**_JIT)
-def _move_row(GPC, dst, src, nC):
-    """Copy local row src of G_PC to row dst (compaction after atoms leave P)."""
-    for c in range(nC):
-        GPC[dst, c] = GPC[src, c]
-
-
-@nb.njit(**_JIT)
-def _gather_row(GPC, t, row, C, nC):
-    """Local row t of G_PC: the entries of the atom's Gram row ``row`` at the candidates C."""
-    for c in range(nC):
-        GPC[t, c] = row[C[c]]
+def _fill_gram(G, C, lo, hi, GCC):
+    """The local Gram block G_CC for the candidates that joined C at local indices lo..hi−1: row
+    C[c] of G at C[:c + 1], mirrored (G is exactly symmetric). Each entry of G_CC is read from G
+    once, when the later of its two atoms joins C, instead of once per atom entering P (a Gram
+    row at all of C) and once per atom joining C (a column at P): ~40 % fewer scattered reads
+    of G, measured on the RESULTS.md §3 problem."""
+    for c in range(lo, hi):
+        row = G[C[c]]
+        gc = GCC[c]
+        for b in range(c + 1):
+            v = row[C[b]]
+            gc[b] = v
+            GCC[b, c] = v
 
 
 @nb.njit(inline="always", **_JIT)
@@ -155,12 +163,37 @@ def _exact_q(WT, j, x, lam):
     return acc - lam
 
 
+@nb.njit(**_JIT)
+def _exact_qs(WT, C, lo, hi, x, lam, qC):
+    """qC[c] = q_j = ⟨w_j, x̃⟩ − λ in float64 for the atoms j = C[c], c = lo..hi−1, four rows of WT
+    at a time: their four streams of loads overlap (one row at a time waited on each row's first
+    cache misses; measured on the RESULTS.md §3 problem)."""
+    for c in range(lo, hi, 4):
+        w0 = WT[C[c]]
+        w1 = WT[C[min(c + 1, hi - 1)]]
+        w2 = WT[C[min(c + 2, hi - 1)]]
+        w3 = WT[C[min(c + 3, hi - 1)]]
+        a0 = a1 = a2 = a3 = 0.0
+        for d in range(x.shape[0]):
+            xd = x[d]
+            a0 += w0[d] * xd
+            a1 += w1[d] * xd
+            a2 += w2[d] * xd
+            a3 += w3[d] * xd
+        qC[c] = a0 - lam
+        if c + 1 < hi:
+            qC[c + 1] = a1 - lam
+        if c + 2 < hi:
+            qC[c + 2] = a2 - lam
+        if c + 3 < hi:
+            qC[c + 3] = a3 - lam
+
+
 @nb.njit(inline="always", **_JIT)
-def _enter_candidate(j, C, nC, inC, qC, WT, x, lam):
-    """Atom j joins C at local index nC, with its exact q_j; returns the new |C|."""
+def _enter_candidate(j, C, nC, inC):
+    """Atom j joins C at local index nC (its q_j comes from :func:`_exact_qs`); returns the new |C|."""
     inC[j] = nC
     C[nC] = j
-    qC[nC] = _exact_q(WT, j, x, lam)
     return nC + 1
 
 
@@ -195,17 +228,16 @@ def _largest_first(val, idx, n, m):
 
 
 @nb.njit(**_JIT)
-def _join_candidates(G, P, k, C, nC, inC, qC, WT, x, lam, GPC, viol_idx, viol_val, n_viol, n_join):
+def _join_candidates(G, C, nC, inC, qC, WT, x, lam, GCC, viol_idx, viol_val, n_viol, n_join):
     """The n_join largest of the n_viol violators (viol_idx, values viol_val) join C, with their
-    local columns G[P, j] (read from the Gram row j, equal by symmetry); returns the new |C|."""
+    rows of G_CC and exact q_j; returns the new |C|."""
     if n_viol > n_join:
         _largest_first(viol_val, viol_idx, n_viol, n_join)
+    n0 = nC
     for r in range(n_join):
-        j = viol_idx[r]
-        row = G[j]
-        for t in range(k):
-            GPC[t, nC] = row[P[t]]
-        nC = _enter_candidate(j, C, nC, inC, qC, WT, x, lam)
+        nC = _enter_candidate(viol_idx[r], C, nC, inC)
+    _fill_gram(G, C, n0, nC, GCC)
+    _exact_qs(WT, C, n0, nC, x, lam, qC)
     return nC
 
 
@@ -244,24 +276,26 @@ def _screen_gradient(gs, Gs, P, zs, k):
 
 
 @nb.njit(**_JIT)
-def _restricted_gradient(qC, nC, GPC, zP, k, wC):
-    """w_C = q_C − G_CP z_P from the local rows."""
+def _restricted_gradient(qC, nC, GCC, P, inC, zP, k, wC):
+    """w_C = q_C − G_CP z_P from the local rows of G_CC."""
     for c in range(nC):
         wC[c] = qC[c]
     for t in range(k):
         zt = zP[t]
+        row = GCC[inC[P[t]]]
         for c in range(nC):
-            wC[c] -= zt * GPC[t, c]
+            wC[c] -= zt * row[c]
 
 
 @nb.njit(**_JIT)
-def _support_gradient(qC, P, k, GPC, inC, zP, gP):
+def _support_gradient(qC, P, k, GCC, inC, zP, gP):
     """Exact g_P = q_P − G_PP z_P (float64); returns max |g_P|."""
     worst = 0.0
     for t in range(k):
         acc = qC[inC[P[t]]]
+        row = GCC[inC[P[t]]]
         for v in range(k):
-            acc -= GPC[t, inC[P[v]]] * zP[v]
+            acc -= row[inC[P[v]]] * zP[v]
         gP[t] = acc
         worst = max(worst, abs(acc))
     return worst
@@ -269,17 +303,17 @@ def _support_gradient(qC, P, k, GPC, inC, zP, gP):
 
 @nb.njit(**_JIT)
 def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max_checks, u, c2,
-                 P, zP, L, qP, yq, s, y, C, inC, isP, wC, gs, zs, GPC, viol_idx, viol_val, qC):
+                 P, zP, L, qP, yq, s, y, C, inC, isP, wC, gs, zs, GCC, viol_idx, viol_val, qC):
     """One point (see the module docstring). Returns (|P|, full checks, exact violation, ok); the
     code is z_P on P[:|P|]. Scratch: inC must be −1 and isP False on entry; both are restored."""
     d_z = qs.shape[0]
-    Mcap = GPC.shape[1]
+    Mcap = GCC.shape[1]
     nC = 0
     k = 0
     for t in range(cand.shape[0]):
         j = cand[t]
         if inC[j] < 0 and nC < Mcap:
-            nC = _enter_candidate(j, C, nC, inC, qC, WT, x, lam)
+            nC = _enter_candidate(j, C, nC, inC)
     for t in range(guess.shape[0]):
         j = guess[t]
         if j >= d_z or k >= kcap:
@@ -287,18 +321,18 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
         if inC[j] < 0:
             if nC >= Mcap:
                 continue
-            nC = _enter_candidate(j, C, nC, inC, qC, WT, x, lam)
+            nC = _enter_candidate(j, C, nC, inC)
         if not isP[inC[j]]:
             isP[inC[j]] = True
             P[k] = j
             k += 1
-    for t in range(k):
-        _gather_row(GPC, t, G[P[t]], C, nC)
+    _fill_gram(G, C, 0, nC, GCC)
+    _exact_qs(WT, C, 0, nC, x, lam, qC)
     ok = True
     ny = 0  # rows of yq = L⁻¹ q_P that are valid
     # Feasible start: solve on the guess, drop the atoms with s ≤ 0, repeat.
     while k > 0:
-        if _chol_rows(L, 0, k, G, P, GPC, inC) < k:
+        if _chol_rows(L, 0, k, G, P, GCC, inC) < k:
             ok = False
             break
         ny = _solve_on_support(L, k, qC, inC, P, qP, yq, 0, s, y)
@@ -307,8 +341,6 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
             if s[t] > 0:
                 P[m] = P[t]
                 zP[m] = s[t]
-                if m != t:
-                    _move_row(GPC, m, t, nC)
                 m += 1
             else:
                 isP[inC[P[t]]] = False
@@ -324,7 +356,7 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
     n_solves = 0
     max_solves = 4 * kcap + 100
     while ok:
-        _restricted_gradient(qC, nC, GPC, zP, k, wC)
+        _restricted_gradient(qC, nC, GCC, P, inC, zP, k, wC)
         single = False
         stuck = False
         while True:  # Lawson–Hanson on C
@@ -346,9 +378,8 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
                 isP[cb] = True
                 P[k + n_in] = C[cb]
                 zP[k + n_in] = 0.0
-                _gather_row(GPC, k + n_in, G[C[cb]], C, nC)
                 n_in += 1
-            n_new = _chol_rows(L, k, k + n_in, G, P, GPC, inC)
+            n_new = _chol_rows(L, k, k + n_in, G, P, GCC, inC)
             for t in range(k + n_new, k + n_in):  # dependent on the atoms before: not added
                 isP[inC[P[t]]] = False
             k += n_new
@@ -392,11 +423,9 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
                         continue
                     P[m] = P[t]
                     zP[m] = v
-                    if m != t:
-                        _move_row(GPC, m, t, nC)
                     m += 1
                 k = m
-                if _chol_rows(L, first_out, k, G, P, GPC, inC) < k - first_out:
+                if _chol_rows(L, first_out, k, G, P, GCC, inC) < k - first_out:
                     ok = False
                     break
                 ny = min(ny, first_out)
@@ -406,7 +435,7 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
                 stuck = True
                 break
             single = not progress
-            _restricted_gradient(qC, nC, GPC, zP, k, wC)
+            _restricted_gradient(qC, nC, GCC, P, inC, zP, k, wC)
         if not ok:
             break
         # Full check over all atoms: screened, then exact where the screen cannot decide.
@@ -437,7 +466,7 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
                 n_sure += 1
         n_join = min(n_sure, max(_JOIN_MIN, k), Mcap - nC)
         if n_join > 0 and checks < max_checks:
-            nC = _join_candidates(G, P, k, C, nC, inC, qC, WT, x, lam, GPC, viol_idx, viol_val, n_sure, n_join)
+            nC = _join_candidates(G, C, nC, inC, qC, WT, x, lam, GCC, viol_idx, viol_val, n_sure, n_join)
             continue
         off = 0.0
         n_viol = 0
@@ -454,8 +483,8 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
                     n_viol += 1
         # The largest violators join C: at most max(_JOIN_MIN, |P|) per check, within C's capacity.
         added = min(n_viol, max(_JOIN_MIN, k), Mcap - nC)
-        nC = _join_candidates(G, P, k, C, nC, inC, qC, WT, x, lam, GPC, viol_idx, viol_val, n_viol, added)
-        sup = _support_gradient(qC, P, k, GPC, inC, zP, qP)
+        nC = _join_candidates(G, C, nC, inC, qC, WT, x, lam, GCC, viol_idx, viol_val, n_viol, added)
+        sup = _support_gradient(qC, P, k, GCC, inC, zP, qP)
         viol = max(sup, off)
         if viol <= tol_abs:
             break
@@ -491,7 +520,7 @@ def solve_points(G, Gs, Qs, X, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
     absolute KKT violation, checks (n,) full checks per point, ok (n,) bool (False: hand over).
     """
     n, d_z = Qs.shape
-    m_cap = min(d_z, max(4 * (cand.shape[1] + guess.shape[1]), 4 * kcap))
+    m_cap = min(d_z, max(4 * (cand.shape[1] + guess.shape[1]), 4 * kcap), _C_CAP)
     idx = np.full((n, kcap), d_z, dtype=np.int64)
     val = np.zeros((n, kcap))
     viol = np.zeros(n)
@@ -510,14 +539,14 @@ def solve_points(G, Gs, Qs, X, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
     wC = np.empty(m_cap)
     gs = np.empty(d_z, dtype=Gs.dtype)
     zs = np.empty(kcap, dtype=Gs.dtype)
-    GPC = np.empty((kcap, m_cap))
+    GCC = np.empty((m_cap, m_cap))
     viol_idx = np.empty(d_z, dtype=np.int64)
     viol_val = np.empty(d_z)
     qC = np.empty(m_cap)
     for i in range(n):
         k, chk, v, good = _solve_point(G, Gs, Qs[i], X[i], WT, lam, eq[i], guess[i], cand[i], eps, tol_abs,
                                        kcap, max_checks, u, c2, P, zP, L, qP, yq, s, y, C, inC, isP, wC, gs,
-                                       zs, GPC, viol_idx, viol_val, qC)
+                                       zs, GCC, viol_idx, viol_val, qC)
         checks[i] = chk
         viol[i] = v
         ok[i] = good

@@ -33,7 +33,7 @@ padded index set; small systems are grouped in chunks of similar width.
 
 Phase A (almost every point). On the CPU in float64 it runs in compiled code, one point at a time
 (:mod:`dictcheck.solvers.active_set`: Lawson–Hanson with block additions on a candidate set that
-starts as the point's top-16 atoms of q, the same screened full check with exact violations, and
+starts as the point's top-12 atoms of q, the same screened full check with exact violations, and
 the same hand-over to phases B and C; RESULTS.md §3 has its timings against the batched version
 and scikit-learn). The batched version, described next,
 runs on CUDA and in float32. Principal pivoting / semismooth Newton on all atoms with limited
@@ -255,10 +255,11 @@ _PHASE_A_ITERS = 30
 # Phase A growth: add at most max(_ADD_MIN, ceil(_ADD_FRAC · |F|)) violating atoms per step.
 _ADD_MIN = 8
 _ADD_FRAC = 0.25
-# Compiled phase A: each point's candidate set starts as its this many top atoms of q (16 beat
-# 8, 24, 32 and 48 interleaved on both RESULTS §3 problems once screen-only checks made growing C
-# cheap; 0, C grown by the screen alone, was 1.5× slower).
-_CANDIDATES = 16
+# Compiled phase A: each point's candidate set starts as its this many top atoms of q. Since the
+# kernel reads G_CC once per joining atom (2026-12-02), 12 and 8 beat 16 by 4 % on the RESULTS §3
+# problem and tie on the large one (paired rounds; 24: 12 % slower). Before that, 16 beat 8, 24,
+# 32 and 48; 0, C grown by the screen alone, was 1.5× slower.
+_CANDIDATES = 12
 # Phase B: at most this many working-set iterations before the per-point fallback (phase C).
 _PHASE_B_ITERS = 10
 # Phase A hands a point to phase B when its count of infeasible indices stalls this long.
@@ -326,10 +327,11 @@ def _make_ctx(Wn: NDArray, lam: float, tol: float, dev: torch.device, dtype: tor
         for j in range(i, d_z, _GRAM_BLOCK):
             je = min(d_z, j + _GRAM_BLOCK)
             blk = Wt[:, i:ie].T @ Wt[:, j:je]
-            if i == j:
-                blk = 0.5 * (blk + blk.T)
-            Gz[i:ie, j:je] = blk
-            Gz[j:je, i:ie] = blk.T
+            if i == j:  # symmetrised in place: one write, no second (transposed) copy
+                torch.add(blk, blk.T, out=Gz[i:ie, i:ie]).mul_(0.5)
+            else:
+                Gz[i:ie, j:je] = blk
+                Gz[j:je, i:ie] = blk.T
     screen = dtype == torch.float64 and torch.get_float32_matmul_precision() == "highest"
     if dev.type == "cuda":
         screen = screen and not torch.backends.cuda.matmul.allow_tf32

@@ -31,11 +31,11 @@ The correlations q come in the screening precision only (q̃, float32, within e 
    precision of ``Gs`` (float32), with the rounding bound of ``lasso_codes._screen_bound`` plus e
    (so B ≥ |g̃ − g| for every atom).
    If the screen alone proves atoms outside C to violate (g̃ > eps + B, so g > eps), the largest
-   of them (at most max(16, |P|)) join C and step 2 resumes at once: no exact re-evaluation is
+   of them (at most max(8, |P|)) join C and step 2 resumes at once: no exact re-evaluation is
    spent on a check that must fail (measured 12–20 % of the kernel's time, benchmarks/RESULTS.md
    §3). Otherwise every atom with g̃ > −B is re-evaluated exactly in float64, and on P the exact
    g_P = q_P − G_PP z_P, so the recorded violation is exact. The largest exact violators outside
-   C (at most max(16, |P|)) join C and step 2 resumes. A point whose only defect is accuracy on P
+   C (at most max(8, |P|)) join C and step 2 resumes. A point whose only defect is accuracy on P
    gets one Newton step z_P += G_PP⁻¹ g_P. Screen-only checks count towards ``max_checks``.
 4. **Hand-over.** ``ok`` is False when G_PP is not numerically positive definite, after
    ``max_checks`` full checks or ``4·kcap + 100`` solves, when C is full, or when a single
@@ -62,8 +62,9 @@ _JIT = dict(cache=True, nogil=True, fastmath=_FASTMATH)
 # Block additions: at most max(_ADD_MIN, |P| // _ADD_DIV) atoms enter P per Lawson–Hanson step.
 _ADD_MIN = 4
 _ADD_DIV = 4
-# Full check: at most max(_JOIN_MIN, |P|) of the largest violators outside C join C.
-_JOIN_MIN = 16
+# Full check: at most max(_JOIN_MIN, |P|) of the largest violators outside C join C (8 against
+# 16: 2 % faster on the RESULTS.md §3 problem, 1 % on the large one, paired rounds).
+_JOIN_MIN = 8
 # At most this many candidates per point (C full: hand over), so that the local G_CC stays within
 # 32 MiB per thread; the RESULTS.md §3 problem ends with |C| ≈ 43, the large one well below.
 _C_CAP = 2048

@@ -1038,6 +1038,20 @@ def _solve_batch(ctx: _Ctx, Xc: torch.Tensor, max_iter: int, F0: torch.Tensor | 
 # --------------------------------------------------------------------------------------------
 
 
+def _guided_segments(N: int, B: int, workers: int, floor: int = 256) -> list[tuple[int, int]]:
+    """Segments for ``workers`` threads taking them in order as they come free: each holds
+    ⌈remaining / (2·workers)⌉ points (guided self-scheduling), at most B and at least ``floor``,
+    so the last segments are small and the workers finish together (equal segments left one
+    worker alone with up to a whole segment at the end)."""
+    segments = []
+    s = 0
+    while s < N:
+        size = min(B, max(floor, math.ceil((N - s) / (2 * workers))))
+        segments.append((s, min(N, s + size)))
+        s += size
+    return segments
+
+
 def _default_batch(D: int, d_z: int) -> int:
     # A batch holds X̃ (B, D), q (B, d_z) and a few (B, d_z) gradient buffers. 8 MB per
     # (B, d_z) float64 buffer: buffers of 32 MB and more are mmap-ed afresh by glibc on every
@@ -1202,8 +1216,9 @@ class CodeSolver:
         if workers is None:
             workers = torch.get_num_threads() if dev.type == "cpu" else 1
         if batch_size is None and workers > 1 and N > 0:
-            B = max(256, min(B, math.ceil(N / (4 * workers))))  # enough batches to balance
-        segments = [(s, min(N, s + B)) for s in range(0, N, B)]
+            segments = _guided_segments(N, B, workers)
+        else:
+            segments = [(s, min(N, s + B)) for s in range(0, N, B)]
         workers = max(1, min(workers, len(segments)))
 
         worst = 0.0

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.solvers.lasso_codes import ExactCodes, exact_codes, kkt_violation
+from dictcheck.solvers.lasso_codes import ExactCodes, _guided_segments, exact_codes, kkt_violation
 from dictcheck.theory.objective import sae_objective
 
 seeds = st.integers(0, 2**32 - 1)
@@ -217,6 +217,8 @@ def test_batching_determinism_and_sparse_output() -> None:
         assert torch.get_num_threads() == n_threads  # restored after the worker pool
         np.testing.assert_allclose(a.Z, w.Z, atol=1e-10, rtol=0)
         assert w.converged and w.kkt_violation <= TOL
+    g = exact_codes(W, X, b, lam, workers=3)  # guided segments (no batch_size): same codes
+    np.testing.assert_allclose(a.Z, g.Z, atol=1e-10, rtol=0)
     s = exact_codes(W, X, b, lam, sparse_output=True)
     assert sp.issparse(s.Z) and s.Z.shape == a.Z.shape
     np.testing.assert_array_equal(s.Z.toarray(), a.Z)
@@ -397,3 +399,17 @@ def test_warm_start_from_the_exact_support_needs_one_check() -> None:
         exact_codes(W, X, b, 0.1, init=cold.Z[:, :-1])  # wrong shape
     with pytest.raises(ValueError):
         exact_codes(W, X, b, 0.1, init=np.full_like(cold.Z, np.nan))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 100_000), st.integers(1, 10_000), st.integers(1, 16))
+def test_guided_segments_partition_the_points(N, B, workers) -> None:
+    """The worker threads' segments cover 0..N−1 once, in order, each at most B points and at
+    least the floor (256, or B if smaller) but the last, and shrink towards the end."""
+    segs = _guided_segments(N, B, workers)
+    assert [s for s, _ in segs] == [0] + [e for _, e in segs[:-1]] if segs else N == 0
+    assert (segs[-1][1] == N) if segs else N == 0
+    sizes = [e - s for s, e in segs]
+    assert all(0 < n <= B for n in sizes)
+    assert all(n >= min(256, B) for n in sizes[:-1])
+    assert all(a >= b for a, b in zip(sizes[:-2], sizes[1:-1]))

@@ -53,6 +53,8 @@ import math
 import numba as nb
 import numpy as np
 
+from dictcheck.solvers.row_topk import kth_largest
+
 __all__ = ["solve_points"]
 
 
@@ -199,41 +201,13 @@ def _enter_candidate(j, C, nC, inC):
 
 
 @nb.njit(**_JIT)
-def _largest_first(val, idx, n, m):
-    """Reorder val[:n] (and idx[:n] with it) so that its m largest values come first, in no
-    particular order: quickselect (Hoare partition, median-of-three pivot), in place, O(n)
-    expected. Replaces a full argsort, whose sort and allocations were ~9 % of the kernel's
-    cycles on the RESULTS.md §3 problem."""
-    lo, hi = 0, n - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        a, b, c = val[lo], val[mid], val[hi]
-        pivot = max(min(a, b), min(max(a, b), c))
-        i, j = lo, hi
-        while i <= j:
-            while val[i] > pivot:
-                i += 1
-            while val[j] < pivot:
-                j -= 1
-            if i <= j:
-                val[i], val[j] = val[j], val[i]
-                idx[i], idx[j] = idx[j], idx[i]
-                i += 1
-                j -= 1
-        if m - 1 <= j:
-            hi = j
-        elif m - 1 >= i:
-            lo = i
-        else:
-            break
-
-
-@nb.njit(**_JIT)
 def _join_candidates(G, C, nC, inC, qC, WT, x, lam, GCC, viol_idx, viol_val, n_viol, n_join):
     """The n_join largest of the n_viol violators (viol_idx, values viol_val) join C, with their
-    rows of G_CC and exact q_j; returns the new |C|."""
+    rows of G_CC and exact q_j; returns the new |C|. With more violators than places they are
+    picked by an in-place quickselect (a full argsort, with its allocations, was ~9 % of the
+    kernel's cycles on the RESULTS.md §3 problem)."""
     if n_viol > n_join:
-        _largest_first(viol_val, viol_idx, n_viol, n_join)
+        kth_largest(viol_val, n_viol, n_join, viol_idx)
     n0 = nC
     for r in range(n_join):
         nC = _enter_candidate(viol_idx[r], C, nC, inC)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-__all__ = ["topk_rows"]
+__all__ = ["kth_largest", "topk_rows"]
 
 # fastmath: re-association only (the chunk maxima vectorise), no assumptions about NaN or inf.
 _JIT = dict(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -62,9 +62,11 @@ def _insert(bv, bi, cnt, m, v, j):
 
 
 @nb.njit(inline="always", **_JIT)
-def _kth_largest(buf, n, k):
-    """The k-th largest of buf[:n] (1 ≤ k ≤ n, no NaN), reordering buf[:n] (quickselect, Hoare
-    partition around the median of three)."""
+def kth_largest(buf, n, k, idx):
+    """The k-th largest of buf[:n] (1 ≤ k ≤ n, no NaN), reordering buf[:n] so that buf[:k] holds
+    the k largest (quickselect, Hoare partition around the median of three). ``idx`` is empty or
+    has n entries, reordered with buf (the exact codes keep each violator's atom that way)."""
+    paired = idx.shape[0] > 0
     lo, hi, want = 0, n - 1, k - 1
     while hi > lo:
         a, b, c = buf[lo], buf[(lo + hi) >> 1], buf[hi]
@@ -80,6 +82,8 @@ def _kth_largest(buf, n, k):
                 j -= 1
             if i <= j:
                 buf[i], buf[j] = buf[j], buf[i]
+                if paired:
+                    idx[i], idx[j] = idx[j], idx[i]
                 i += 1
                 j -= 1
         if want <= j:
@@ -105,6 +109,7 @@ def topk_rows(a, m, vals, idx):
     hot = np.empty(L, np.int64)
     cv = np.empty(d, a.dtype)
     cc = np.empty(d, np.int64)
+    unpaired = np.empty(0, np.int64)
     guess = -np.inf
     for r in range(n):
         row = a[r]
@@ -131,7 +136,7 @@ def topk_rows(a, m, vals, idx):
             for q in range(L):
                 cand[n_cand] = cmax[q]
                 n_cand += cmax[q] >= t_lo
-            t = guess = -np.inf if n_cand < m else _kth_largest(cand, n_cand, min(n_cand, m + slack))
+            t = guess = -np.inf if n_cand < m else kth_largest(cand, n_cand, min(n_cand, m + slack), unpaired)
             n_hot = 0
             for q in range(L):
                 hot[n_hot] = q

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dictcheck.solvers import lasso_codes as lc
-from dictcheck.solvers.active_set import _largest_first, solve_points
+from dictcheck.solvers.active_set import solve_points
+from dictcheck.solvers.row_topk import kth_largest
 from dictcheck.solvers.lasso_codes import exact_codes, kkt_violation
 from dictcheck.theory.objective import sae_objective
 from test_lasso_codes import _unique_and_well_conditioned
@@ -132,15 +133,16 @@ def test_float32_correlations_lie_within_their_bound(seed, D, d_z, log2_x, log2_
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.floats(-1e6, 1e6), st.sampled_from([0.0, 1.0, -2.5])), min_size=1, max_size=120),
        st.data())
-def test_largest_first_puts_the_m_largest_first(values, data) -> None:
-    """The violators that join C: after _largest_first(val, idx, n, m) the first m values are the m
-    largest (as a multiset, ties included), each value still paired with its index, nothing lost."""
+def test_kth_largest_is_the_kth_of_the_sorted_values(values, data) -> None:
+    """The quickselect behind the row top-k's bound and the violators joining C: the k-th largest
+    of n values, ties included; the k largest come first, each with its index when paired."""
     val = np.array(values)
     n = val.size
-    m = data.draw(st.integers(1, n))
-    idx = np.arange(n)
-    out = val.copy()
-    _largest_first(out, idx, n, m)
-    assert np.array_equal(val[idx], out)
-    assert np.array_equal(np.sort(idx), np.arange(n))
-    assert np.array_equal(np.sort(out[:m]), np.sort(val)[n - m:])
+    k = data.draw(st.integers(1, n))
+    buf = val.copy()
+    assert kth_largest(buf, n, k, np.empty(0, dtype=np.int64)) == np.sort(val)[n - k]
+    assert np.array_equal(np.sort(buf), np.sort(val))  # reordered, nothing lost
+    buf, idx = val.copy(), np.arange(n)
+    t = kth_largest(buf, n, k, idx)
+    assert np.array_equal(val[idx], buf)  # each value still paired with its index
+    assert np.array_equal(np.sort(buf[:k]), np.sort(val)[n - k:]) and buf[:k].min() == t

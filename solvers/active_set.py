@@ -55,7 +55,7 @@ import numpy as np
 
 from dictcheck.solvers.row_topk import kth_largest
 
-__all__ = ["solve_points"]
+__all__ = ["solve_points", "write_rows"]
 
 
 _FASTMATH = {"reassoc", "contract"}
@@ -530,3 +530,21 @@ def solve_points(G, Gs, Qs, X, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
             val[i, t] = zP[t]
     return idx, val, viol, checks, ok
 
+
+
+@nb.njit(**_JIT)
+def write_rows(Z, s, idx, val):
+    """Z[s + i, idx[i, t]] = val[i, t] for the entries of the padded codes (idx, val) with
+    idx < d_z (= Z.shape[1], the null atom) and val > 0; returns their number. Compiled and without
+    the GIL, so the worker threads fill their own rows of a dense output in parallel (its first
+    touch faults the pages in)."""
+    d_z = Z.shape[1]
+    nnz = 0
+    for i in range(idx.shape[0]):
+        row = Z[s + i]
+        for t in range(idx.shape[1]):
+            j = idx[i, t]
+            if j < d_z and val[i, t] > 0:
+                row[j] = val[i, t]
+                nnz += 1
+    return nnz

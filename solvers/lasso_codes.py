@@ -1198,6 +1198,8 @@ class CodeSolver:
             isinstance(workers, bool) or int(workers) != workers or workers < 1
         ):
             raise ValueError(f"workers must be a positive integer or None; got {workers!r}")
+        from dictcheck.solvers.active_set import write_rows
+
         ctx = dataclasses.replace(self._ctx, lam=lam, tol=tol, eps=0.5 * tol * lam)
         N = Xn.shape[1]
         init_cols = None if init is None else _as_guess(init, d_z, N)
@@ -1227,28 +1229,30 @@ class CodeSolver:
         nnz_total = 0
 
         def run(seg):
+            """Solve one segment; dense codes are written into its rows of Zt here, in compiled
+            code without the GIL, so the output's page faults and scatter run in the workers."""
             s, e = seg
             Xc = torch.as_tensor(np.ascontiguousarray(Xn[:, s:e].T), device=dev).to(dtype) - bt
             F0 = None if init_cols is None else _guess_sets(ctx, init_cols(s, e), dev)
             idx, val, viol, it = _solve_batch(ctx, Xc, max_iter, F0)
-            return seg, idx, val, viol, it
+            idx_np = idx.cpu().numpy()
+            val_np = val.to(torch.float64).cpu().numpy()
+            if sparse_output:
+                pr, pc = np.nonzero((idx_np < d_z) & (val_np > 0))
+                return (idx_np[pr, pc], pr + s, val_np[pr, pc]), pr.size, viol, it
+            return None, write_rows(Zt, s, idx_np, val_np), viol, it
 
         def collect(out):
             nonlocal worst, iters, n_bad, nnz_total
-            (s, e), idx, val, viol, it = out
+            entries, nnz, viol, it = out
             iters = max(iters, it)
             worst = max(worst, float(viol.max()))
             n_bad += int((viol > tol).sum())
-            idx_np = idx.cpu().numpy()
-            val_np = val.to(torch.float64).cpu().numpy()
-            pr, pc = np.nonzero((idx_np < d_z) & (val_np > 0))
-            nnz_total += pr.size
+            nnz_total += nnz
             if sparse_output:
-                rows_l.append(idx_np[pr, pc])
-                cols_l.append(pr + s)
-                vals_l.append(val_np[pr, pc])
-            else:
-                Zt[pr + s, idx_np[pr, pc]] = val_np[pr, pc]
+                rows_l.append(entries[0])
+                cols_l.append(entries[1])
+                vals_l.append(entries[2])
 
         bar = None
         if progress:

@@ -531,7 +531,6 @@ def solve_points(G, Gs, Qs, X, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
     return idx, val, viol, checks, ok
 
 
-
 @nb.njit(**_JIT)
 def write_rows(Z, s, idx, val):
     """Z[s + i, idx[i, t]] = val[i, t] for the entries of the padded codes (idx, val) with

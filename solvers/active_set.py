@@ -73,7 +73,7 @@ _C_CAP = 2048
 
 
 @nb.njit(**_JIT)
-def _chol_rows(L, k0, k, G, P, GCC, inC):
+def _chol_rows(L, k0, k, P, GCC, inC):
     """Rows k0..k−1 of the Cholesky factor of G_PP, given rows 0..k0−1 (the atoms P[k0:k] appended
     to, or re-entered into, the factor; G_PP read from the local G_CC). Returns the number
     of rows done: k − k0, or the position (from k0) of the first atom whose pivot is not positive
@@ -103,7 +103,7 @@ def _chol_rows(L, k0, k, G, P, GCC, inC):
             for t in range(i):
                 acc -= li[t] * lm[t]
             lm[i] = acc * li[i]
-        g_diag = G[P[m], P[m]]
+        g_diag = gm[inC[P[m]]]
         d = g_diag
         for t in range(m):
             d -= lm[t] * lm[t]
@@ -307,7 +307,7 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
     ny = 0  # rows of yq = L⁻¹ q_P that are valid
     # Feasible start: solve on the guess, drop the atoms with s ≤ 0, repeat.
     while k > 0:
-        if _chol_rows(L, 0, k, G, P, GCC, inC) < k:
+        if _chol_rows(L, 0, k, P, GCC, inC) < k:
             ok = False
             break
         ny = _solve_on_support(L, k, qC, inC, P, qP, yq, 0, s, y)
@@ -354,7 +354,7 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
                 P[k + n_in] = C[cb]
                 zP[k + n_in] = 0.0
                 n_in += 1
-            n_new = _chol_rows(L, k, k + n_in, G, P, GCC, inC)
+            n_new = _chol_rows(L, k, k + n_in, P, GCC, inC)
             for t in range(k + n_new, k + n_in):  # dependent on the atoms before: not added
                 isP[inC[P[t]]] = False
             k += n_new
@@ -400,7 +400,7 @@ def _solve_point(G, Gs, qs, x, WT, lam, eq, guess, cand, eps, tol_abs, kcap, max
                     zP[m] = v
                     m += 1
                 k = m
-                if _chol_rows(L, first_out, k, G, P, GCC, inC) < k - first_out:
+                if _chol_rows(L, first_out, k, P, GCC, inC) < k - first_out:
                     ok = False
                     break
                 ny = min(ny, first_out)

@@ -22,9 +22,10 @@ per-rank batch), equal up to the summation order of floating-point sums: each st
 divides each gradient component by √v̂ + eps, so a component whose exact gradient vanishes (e.g.
 data symmetric about b_dec) turns rounding noise into steps of up to lr·noise/eps and the two runs
 drift apart, as far as one process does from itself with each batch merely reversed (measured:
-~1e-6 in W_enc after 11 steps of ``abs`` on a two-point toy). This holds for ``relu``, ``topk`` (aux_coef = 0), ``jumprelu``, ``abs``,
-``bsf-vanilla`` / ``bsf-grassmann`` with ``denoise`` = 0 and ``bsf-grouplasso`` with
-``denoise`` = 0 and the shrink gate, and ``vasae`` (its anchor term depends on the weights only).
+~1e-6 in W_enc after 11 steps of ``abs`` on a two-point toy). This holds for ``relu``, ``topk``
+(aux_coef = 0), ``jumprelu``, ``abs``, ``bsf-vanilla`` / ``bsf-grassmann`` with ``denoise`` = 0
+and ``bsf-grouplasso`` with ``denoise`` = 0 and the shrink gate, and ``vasae`` (its anchor term
+depends on the weights only).
 :meth:`dictcheck.empirics.architectures.Architecture.ddp_inexactness` names what differs for the others: their
 loss couples the tokens of a batch, and each rank couples only its own b tokens.
 

@@ -595,6 +595,10 @@ DDP_ATOL = 0.0
 #: orders of margin, while a loss that couples the tokens of a batch (batchtopk, the control) misses it by O(1).
 DDP_GRADIENT_RTOL = 1e-12
 
+#: The number of gloo ranks the DDP property spawns, and the number of parts its one-process reference splits
+#: each batch into.
+DDP_RANKS = 2
+
 
 def ddp_exact(run: Run) -> bool:
     """Whether ``run``'s architecture declares two ranks exact (:meth:`Architecture.ddp_inexactness` is None)."""
@@ -644,14 +648,13 @@ class _SplitBatch(torch.nn.Module):
 
 @dataclass(frozen=True)
 class _RanksInOneProcess(World):
-    """Reference only: one process (size 1) whose every step's gradient is computed as ``ranks`` ranks compute it
-    (:class:`_SplitBatch`, which also records the gap to the whole batch's gradient in ``gaps``)."""
+    """Reference only: one process (size 1) whose every step's gradient is computed as :data:`DDP_RANKS` ranks
+    compute it (:class:`_SplitBatch`, which also records the gap to the whole batch's gradient in ``gaps``)."""
 
-    ranks: int = 2
     gaps: list[float] = field(default_factory=list)
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        return _SplitBatch(model, self.ranks, self.gaps)
+        return _SplitBatch(model, DDP_RANKS, self.gaps)
 
 
 @dataclass(frozen=True)
@@ -667,7 +670,7 @@ def _ddp_worker(rank: int, port: int, jobs: list[Run], folder: str, broken_shard
     collects the DDP wrappers before leaving it), train every job with it as the world (jobs in ``broken_shard``
     with :class:`_SameShardWorld`); rank 0 saves the weights."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE="2")
+                      WORLD_SIZE=str(DDP_RANKS))
     torch.set_num_threads(1)
     with process_group(cuda=False) as world:
         for i, job in enumerate(jobs):
@@ -693,7 +696,7 @@ def ddp_violations(jobs: list[Run], folder: Path, *, broken_shard: frozenset[int
                 out.append(f"job {i} ({job.arch}): two ranks' {name} differs from one process's by {err:.3g}")
         if not gap <= DDP_GRADIENT_RTOL:
             out.append(f"job {i} ({job.arch}): two ranks' gradient differs from the whole batch's by {gap:.3g} of "
-                       "its largest entry")
+                       "its scale (the largest entry or the batch's mean ‖x_t‖²)")
     return out
 
 
@@ -702,7 +705,7 @@ def ddp_differences(jobs: list[Run], folder: Path, *, broken_shard: frozenset[in
     """:func:`ddp_violations`' measurements: per job, its index, the job, max |two ranks − one process| per weight
     (one process computing the ranks' gradient, :class:`_RanksInOneProcess`) and the largest relative gap
     between that gradient and the whole batch's over the steps."""
-    mp.spawn(_ddp_worker, args=(_free_port(), jobs, str(folder), broken_shard), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(_free_port(), jobs, str(folder), broken_shard), nprocs=DDP_RANKS, join=True)
     out = []
     for i, job in enumerate(jobs):
         ddp = torch.load(Path(folder) / f"job_{i}.pt", weights_only=True)

@@ -80,7 +80,7 @@ from torch import Tensor
 from dictcheck.empirics.activation_normalisation import ActivationNormalisation
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
-from dictcheck.empirics.sparse_products import by_latent, gather_dots, scatter_rows
+from dictcheck.empirics.sparse_products import by_latent, gather_dots, scatter_rows, scatter_rows_and_dots
 from dictcheck.empirics.topk_select import ALIKE_ROWS, encoder_topk, row_topk
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
@@ -157,10 +157,12 @@ class ActiveLatents:
 
 
 class _GatheredDecode(torch.autograd.Function):
-    """:meth:`ActiveLatents.decode` with the compiled backward: ∂L/∂z_p = ⟨W_dec[j_p], g_{t_p}⟩
-    (:func:`~dictcheck.empirics.sparse_products.gather_dots`) and ∂L/∂W_dec = Zᵀg
-    (:func:`~dictcheck.empirics.sparse_products.scatter_rows`), g = ∂L/∂x̂; the forward is
-    ``embedding_bag``'s. Arguments: vals, W_dec, then idx, offsets, cache of the ActiveLatents."""
+    """:meth:`ActiveLatents.decode` with the compiled backward: ∂L/∂z_p = ⟨W_dec[j_p], g_{t_p}⟩ and
+    ∂L/∂W_dec = Zᵀg, g = ∂L/∂x̂, in one pass over the entries grouped by latent when both are needed
+    (:func:`~dictcheck.empirics.sparse_products.scatter_rows_and_dots`; alone:
+    :func:`~dictcheck.empirics.sparse_products.gather_dots`,
+    :func:`~dictcheck.empirics.sparse_products.scatter_rows`); the forward is ``embedding_bag``'s.
+    Arguments: vals, W_dec, then idx, offsets, cache of the ActiveLatents."""
 
     @staticmethod
     def forward(ctx, vals, W_dec, idx, offsets, cache):  # noqa: D102
@@ -173,11 +175,15 @@ class _GatheredDecode(torch.autograd.Function):
         vals, W_dec, idx, offsets = ctx.saved_tensors
         act = ActiveLatents(idx, vals, offsets, ctx.cache)
         grad_vals = grad_W = None
-        if ctx.needs_input_grad[0]:
-            grad_vals = gather_dots(act.rows(), idx.reshape(-1), W_dec, g).view_as(vals)
         if ctx.needs_input_grad[1]:
             crow, order, tok = act.by_latent(W_dec.shape[0])
-            grad_W = scatter_rows(crow, tok, vals.reshape(-1)[order], g)
+            if ctx.needs_input_grad[0]:  # both in one pass over the rows of g
+                grad_W, dots = scatter_rows_and_dots(crow, order, tok, vals.reshape(-1)[order], W_dec, g)
+                grad_vals = dots.view_as(vals)
+            else:
+                grad_W = scatter_rows(crow, tok, vals.reshape(-1)[order], g)
+        elif ctx.needs_input_grad[0]:
+            grad_vals = gather_dots(act.rows(), idx.reshape(-1), W_dec, g).view_as(vals)
         return grad_vals, grad_W, None, None, None
 
 

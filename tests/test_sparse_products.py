@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.sparse_products import by_latent, gather_dots, scatter_rows
+from dictcheck.empirics.sparse_products import by_latent, gather_dots, scatter_rows, scatter_rows_and_dots
 
 
 def _codes(seed: int, n: int, d_sae: int, per_token: int, e: int, dtype: torch.dtype):
@@ -54,6 +54,20 @@ def test_grouping_is_a_stable_argsort_and_the_transposed_layout_the_same_numbers
     assert cols.is_contiguous() and torch.equal(cols, rows.T)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 70), st.integers(1, 8), st.integers(1, 40),
+       st.sampled_from([torch.float32, torch.float64]))
+def test_the_fused_pass_is_the_two_products_bit_for_bit(seed, n, d_sae, per_token, e, dtype):
+    """scatter_rows_and_dots gives scatter_rows' ZᵀG and gather_dots' dots (in the entries' own order,
+    not the grouped one) with the same bits: each dot and each sum is the same expression on the
+    same row of G."""
+    tok, lat, val, _, W, G = _codes(seed, n, d_sae, per_token, e, dtype)
+    crow, order, tok_sorted = by_latent(lat, tok, d_sae)
+    rows, dots = scatter_rows_and_dots(crow, order, tok_sorted, val[order], W, G)
+    assert torch.equal(rows, scatter_rows(crow, tok_sorted, val[order], G))
+    assert torch.equal(dots, gather_dots(tok, lat, W, G))
+
+
 def test_grouping_of_no_entries():
     crow, order, tok_sorted = by_latent(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 5)
     assert crow.tolist() == [0] * 6 and order.numel() == 0 and tok_sorted.numel() == 0
@@ -63,14 +77,18 @@ def test_grouping_of_no_entries():
 def test_products_do_not_depend_on_the_thread_count(threads):
     tok, lat, val, _, W, G = _codes(3, 301, 97, 9, 33, torch.float32)
     crow, order, tok_sorted = by_latent(lat, tok, 97)
+
+    def products():
+        return (gather_dots(tok, lat, W, G), scatter_rows(crow, tok_sorted, val[order], G),
+                scatter_rows(crow, tok_sorted, val[order], G, transposed=True),
+                *scatter_rows_and_dots(crow, order, tok_sorted, val[order], W, G))
+
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        ref = gather_dots(tok, lat, W, G), scatter_rows(crow, tok_sorted, val[order], G), scatter_rows(
-            crow, tok_sorted, val[order], G, transposed=True)
+        ref = products()
         torch.set_num_threads(threads)
-        got = gather_dots(tok, lat, W, G), scatter_rows(crow, tok_sorted, val[order], G), scatter_rows(
-            crow, tok_sorted, val[order], G, transposed=True)
+        got = products()
     finally:
         torch.set_num_threads(old)
     assert all(torch.equal(r, s) for r, s in zip(ref, got))

@@ -166,17 +166,14 @@ def scatter_rows(crow: Tensor, tok_sorted: Tensor, val_sorted: Tensor, G: Tensor
     """(d_sae, e) ZᵀG from the entries grouped by latent (:func:`by_latent`): row j is
     Σ val_sorted[p] G[tok_sorted[p]] over p in crow[j]:crow[j + 1]. ``transposed``: (ZᵀG)ᵀ, (e, d_sae)
     and contiguous, the same numbers written in that layout directly (no transposed copy)."""
+    if not transposed:
+        return _scatter_rows_run(crow, crow[:0], tok_sorted, val_sorted, G[:0], G)[0]  # no W: no dots
     d_sae, e = crow.shape[0] - 1, G.shape[1]
     c, t, v, g = crow.numpy(), tok_sorted.numpy(), val_sorted.contiguous().numpy(), G.contiguous().numpy()
-    if transposed:
-        out = torch.empty(e, d_sae, dtype=G.dtype)
-        o = out.numpy()
-        n_blocks = -(-d_sae // _T_BLOCK)
-        run_split(lambda lo, hi: _scatter_rows_t(c, t, v, g, o, lo * _T_BLOCK, min(d_sae, hi * _T_BLOCK)), n_blocks)
-        return out
-    out = torch.empty(d_sae, e, dtype=G.dtype)
-    o, no_w, no_order = out.numpy(), g[:0], np.empty(0, np.int64)
-    run_split(lambda lo, hi: _scatter_rows(c, t, v, g, o[lo:hi], lo, no_w, no_order, v[:0]), d_sae)
+    out = torch.empty(e, d_sae, dtype=G.dtype)
+    o = out.numpy()
+    n_blocks = -(-d_sae // _T_BLOCK)
+    run_split(lambda lo, hi: _scatter_rows_t(c, t, v, g, o, lo * _T_BLOCK, min(d_sae, hi * _T_BLOCK)), n_blocks)
     return out
 
 
@@ -189,6 +186,13 @@ def scatter_rows_and_dots(crow: Tensor, order: Tensor, tok_sorted: Tensor, val_s
     loaded: the backward of x̂ = Z W reads each such row once instead of twice (both results bit
     for bit those of the two separate products; measured 15.6 → 12.6 ms at B = d_sae = 4096,
     e = 512, k = 32, two threads, benchmarks/RESULTS.md §4)."""
+    return _scatter_rows_run(crow, order, tok_sorted, val_sorted, W, G)
+
+
+def _scatter_rows_run(crow: Tensor, order: Tensor, tok_sorted: Tensor, val_sorted: Tensor, W: Tensor,
+                      G: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_scatter_rows` over all latents, split over the threads: (ZᵀG, dots), the dots only
+    for a non-empty W (order then maps grouped positions to the entries' own)."""
     d_sae, e = crow.shape[0] - 1, G.shape[1]
     out = torch.empty(d_sae, e, dtype=G.dtype)
     dots = torch.empty(order.shape[0], dtype=W.dtype)

@@ -80,7 +80,14 @@ from torch import Tensor
 from dictcheck.empirics.activation_normalisation import ActivationNormalisation
 from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
 from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
-from dictcheck.empirics.sparse_products import by_latent, gather_dots, scatter_rows, scatter_rows_and_dots
+from dictcheck.empirics.sparse_products import (
+    LatentGroups,
+    by_latent,
+    gather_dots,
+    scatter_rows,
+    scatter_rows_and_dots,
+    tile_tokens,
+)
 from dictcheck.empirics.topk_select import ALIKE_ROWS, encoder_topk, row_topk
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
@@ -125,12 +132,16 @@ class ActiveLatents:
             self.idx, W_dec, self.offsets, mode="sum", per_sample_weights=self.vals
         )
 
-    def by_latent(self, d_sae: int) -> tuple[Tensor, Tensor, Tensor]:
-        """The entries grouped by latent (:func:`~dictcheck.empirics.sparse_products.by_latent`),
-        built at the first call."""
-        if "by_latent" not in self.cache:
-            self.cache["by_latent"] = by_latent(self.idx.reshape(-1), self.rows(), d_sae)
-        return self.cache["by_latent"]
+    def by_latent(self, d_sae: int, G: Tensor) -> LatentGroups:
+        """The entries grouped by latent (:func:`~dictcheck.empirics.sparse_products.by_latent`) for
+        products with the rows of G (B, e): within tiles of tokens when the compiled products apply
+        (:func:`~dictcheck.empirics.sparse_products.tile_tokens`), one tile otherwise; built at the
+        first call for that tiling."""
+        tile = tile_tokens(G.shape[1] * G.element_size()) if _compiled(G) else None
+        key = ("by_latent", tile)
+        if key not in self.cache:
+            self.cache[key] = by_latent(self.idx.reshape(-1), self.rows(), d_sae, tile)
+        return self.cache[key]
 
     @property
     def n_tokens(self) -> int:
@@ -176,12 +187,13 @@ class _GatheredDecode(torch.autograd.Function):
         act = ActiveLatents(idx, vals, offsets, ctx.cache)
         grad_vals = grad_W = None
         if ctx.needs_input_grad[1]:
-            crow, order, tok = act.by_latent(W_dec.shape[0])
+            groups = act.by_latent(W_dec.shape[0], g)
+            val_sorted = vals.reshape(-1)[groups.order]
             if ctx.needs_input_grad[0]:  # both in one pass over the rows of g
-                grad_W, dots = scatter_rows_and_dots(crow, order, tok, vals.reshape(-1)[order], W_dec, g)
+                grad_W, dots = scatter_rows_and_dots(groups, val_sorted, W_dec, g)
                 grad_vals = dots.view_as(vals)
             else:
-                grad_W = scatter_rows(crow, tok, vals.reshape(-1)[order], g)
+                grad_W = scatter_rows(groups, val_sorted, g)
         elif ctx.needs_input_grad[0]:
             grad_vals = gather_dots(act.rows(), idx.reshape(-1), W_dec, g).view_as(vals)
         return grad_vals, grad_W, None, None, None
@@ -256,13 +268,14 @@ class _SelectedPreacts(torch.autograd.Function):
         flat_idx, flat_g = idx.reshape(-1), g.reshape(-1)
         if ctx.needs_input_grad[3]:
             d_sae = W_enc.shape[1]
-            crow, order, tok = sel.by_latent(d_sae)
+            groups = sel.by_latent(d_sae, xe)
             if _compiled(xe):
-                grad_W = scatter_rows(crow, tok, flat_g[order], xe, transposed=True)
-            else:
+                grad_W = scatter_rows(groups, flat_g[groups.order], xe, transposed=True)
+            else:  # one tile: crow is Zᵀ's CSR row pointer
                 with warnings.catch_warnings():  # "sparse CSR support is in beta"
                     warnings.simplefilter("ignore", UserWarning)
-                    g_t = torch.sparse_csr_tensor(crow, tok, flat_g[order], size=(d_sae, xe.shape[0]))
+                    g_t = torch.sparse_csr_tensor(groups.crow, groups.tok, flat_g[groups.order],
+                                                  size=(d_sae, xe.shape[0]))
                 grad_W = torch.sparse.mm(g_t, xe).T
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[4]:
             grad_b = torch.zeros_like(W_enc[0]).index_add_(0, flat_idx, flat_g)

@@ -1,4 +1,5 @@
-"""Tests for empirics.sparse_products: the compiled sparse products equal the dense ones (float64)."""
+"""Tests for empirics.sparse_products: the compiled sparse products equal the dense ones (float64),
+and neither the tiles of tokens nor the thread count changes a bit of them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.sparse_products import by_latent, gather_dots, scatter_rows, scatter_rows_and_dots
+from dictcheck.empirics.sparse_products import (
+    by_latent,
+    gather_dots,
+    scatter_rows,
+    scatter_rows_and_dots,
+    tile_tokens,
+)
+
+# Tokens per tile: None (one tile), 1 (every token its own tile), and sizes that leave a ragged last tile.
+TILES = st.sampled_from([None, 1, 2, 3, 7, 64])
 
 
 def _codes(seed: int, n: int, d_sae: int, per_token: int, e: int, dtype: torch.dtype):
@@ -26,62 +36,74 @@ def _codes(seed: int, n: int, d_sae: int, per_token: int, e: int, dtype: torch.d
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 50), st.integers(1, 8), st.integers(1, 40))
-def test_products_equal_the_dense_ones(seed, n, d_sae, per_token, e):
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 50), st.integers(1, 8), st.integers(1, 40), TILES)
+def test_products_equal_the_dense_ones(seed, n, d_sae, per_token, e, tile):
     tok, lat, val, Z, W, G = _codes(seed, n, d_sae, per_token, e, torch.float64)
     dots = gather_dots(tok, lat, W, G)
     torch.testing.assert_close(dots, (G @ W.T)[tok, lat], rtol=1e-12, atol=1e-12)
-    crow, order, tok_sorted = by_latent(lat, tok, d_sae)
-    assert torch.equal(crow, torch.cat([crow.new_zeros(1), torch.bincount(lat, minlength=d_sae).cumsum(0)]))
-    assert bool((torch.diff(lat[order]) >= 0).all()) and torch.equal(tok_sorted, tok[order])
-    torch.testing.assert_close(scatter_rows(crow, tok_sorted, val[order], G), Z.T @ G, rtol=1e-12, atol=1e-12)
+    groups = by_latent(lat, tok, d_sae, tile)
+    val_sorted = val[groups.order]
+    torch.testing.assert_close(scatter_rows(groups, val_sorted, G), Z.T @ G, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(scatter_rows(groups, val_sorted, G, transposed=True), G.T @ Z, rtol=1e-12, atol=1e-12)
+    rows, fused_dots = scatter_rows_and_dots(groups, val_sorted, W, G)
+    torch.testing.assert_close(rows, Z.T @ G, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fused_dots, (G @ W.T)[tok, lat], rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 70), st.integers(1, 8), TILES)
+def test_grouping_is_a_stable_argsort_of_tile_and_latent(seed, n, d_sae, per_token, tile):
+    """by_latent's counting sort gives what a stable argsort of the keys (token tile, latent) gives;
+    with one tile (None) that is the argsort of the latents, the torch path kept for other devices,
+    and crow is Zᵀ's CSR row pointer."""
+    tok, lat, _, _, _, _ = _codes(seed, n, d_sae, per_token, 1, torch.float64)
+    groups = by_latent(lat, tok, d_sae, tile)
+    tiles = tok // (n if tile is None else tile)
+    n_tiles = int(tiles.max()) + 1
+    ref = torch.argsort(tiles * d_sae + lat, stable=True)
+    assert groups.n_tiles == n_tiles and groups.d_sae == d_sae
+    assert torch.equal(groups.order, ref) and torch.equal(groups.tok, tok[ref])
+    counts = torch.bincount(tiles * d_sae + lat, minlength=n_tiles * d_sae)
+    assert torch.equal(groups.crow, torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 70), st.integers(1, 8), st.integers(1, 40),
-       st.sampled_from([torch.float32, torch.float64]))
-def test_grouping_is_a_stable_argsort_and_the_transposed_layout_the_same_numbers(seed, n, d_sae, per_token, e, dtype):
-    """by_latent's counting sort gives what a stable argsort of the latents gives (the torch path,
-    kept for other devices), and scatter_rows(transposed=True) is scatter_rows(...).T bit for bit,
-    also across the 16-latent blocks it writes (d_sae up to 70, latents without entries)."""
-    tok, lat, val, _, _, G = _codes(seed, n, d_sae, per_token, e, dtype)
-    crow, order, tok_sorted = by_latent(lat, tok, d_sae)
-    ref = torch.argsort(lat, stable=True)
-    assert torch.equal(order, ref) and torch.equal(tok_sorted, tok[ref])
-    assert torch.equal(crow, torch.cat([crow.new_zeros(1), torch.bincount(lat, minlength=d_sae).cumsum(0)]))
-    rows = scatter_rows(crow, tok_sorted, val[order], G)
-    cols = scatter_rows(crow, tok_sorted, val[order], G, transposed=True)
-    assert cols.is_contiguous() and torch.equal(cols, rows.T)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 70), st.integers(1, 8), st.integers(1, 40),
-       st.sampled_from([torch.float32, torch.float64]))
-def test_the_fused_pass_is_the_two_products_bit_for_bit(seed, n, d_sae, per_token, e, dtype):
-    """scatter_rows_and_dots gives scatter_rows' ZᵀG and gather_dots' dots (in the entries' own order,
-    not the grouped one) with the same bits: each dot and each sum is the same expression on the
-    same row of G."""
+       st.sampled_from([torch.float32, torch.float64]), TILES)
+def test_tiles_the_transposed_layout_and_the_fused_pass_change_no_bit(seed, n, d_sae, per_token, e, dtype, tile):
+    """Against the untiled grouping (one tile): scatter_rows, its transposed layout (also across the
+    16-latent blocks it writes, d_sae up to 70, latents without entries) and the fused pass with
+    its dots (in the entries' own order, not the grouped one) are the same bits, and the fused dots
+    are gather_dots' bits: each output row adds the same terms in the same (token) order."""
     tok, lat, val, _, W, G = _codes(seed, n, d_sae, per_token, e, dtype)
-    crow, order, tok_sorted = by_latent(lat, tok, d_sae)
-    rows, dots = scatter_rows_and_dots(crow, order, tok_sorted, val[order], W, G)
-    assert torch.equal(rows, scatter_rows(crow, tok_sorted, val[order], G))
-    assert torch.equal(dots, gather_dots(tok, lat, W, G))
+    one, tiled = by_latent(lat, tok, d_sae), by_latent(lat, tok, d_sae, tile)
+    rows = scatter_rows(one, val[one.order], G)
+    assert torch.equal(scatter_rows(tiled, val[tiled.order], G), rows)
+    cols = scatter_rows(tiled, val[tiled.order], G, transposed=True)
+    assert cols.is_contiguous() and torch.equal(cols, rows.T)
+    fused_rows, dots = scatter_rows_and_dots(tiled, val[tiled.order], W, G)
+    assert torch.equal(fused_rows, rows) and torch.equal(dots, gather_dots(tok, lat, W, G))
 
 
 def test_grouping_of_no_entries():
-    crow, order, tok_sorted = by_latent(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 5)
-    assert crow.tolist() == [0] * 6 and order.numel() == 0 and tok_sorted.numel() == 0
+    groups = by_latent(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), 5, tile=4)
+    assert groups.crow.tolist() == [0] * 6 and groups.order.numel() == 0 and groups.tok.numel() == 0
+
+
+def test_tile_size_holds_a_mebibyte_of_rows():
+    assert tile_tokens(512 * 4) == 512 and tile_tokens(512 * 8) == 256
+    assert tile_tokens(2**21) == 1 and tile_tokens(0) == 2**20
 
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_products_do_not_depend_on_the_thread_count(threads):
     tok, lat, val, _, W, G = _codes(3, 301, 97, 9, 33, torch.float32)
-    crow, order, tok_sorted = by_latent(lat, tok, 97)
+    groups = by_latent(lat, tok, 97, tile=40)
+    val_sorted = val[groups.order]
 
     def products():
-        return (gather_dots(tok, lat, W, G), scatter_rows(crow, tok_sorted, val[order], G),
-                scatter_rows(crow, tok_sorted, val[order], G, transposed=True),
-                *scatter_rows_and_dots(crow, order, tok_sorted, val[order], W, G))
+        return (gather_dots(tok, lat, W, G), scatter_rows(groups, val_sorted, G),
+                scatter_rows(groups, val_sorted, G, transposed=True), *scatter_rows_and_dots(groups, val_sorted, W, G))
 
     old = torch.get_num_threads()
     try:

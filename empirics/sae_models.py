@@ -137,7 +137,9 @@ class ActiveLatents:
         products with the rows of G (B, e): within tiles of tokens when the compiled products apply
         (:func:`~dictcheck.empirics.sparse_products.tile_tokens`), one tile otherwise; built at the
         first call for that tiling."""
-        tile = tile_tokens(G.shape[1] * G.element_size()) if _compiled(G) else None
+        tile = None
+        if _compiled(G):
+            tile = tile_tokens(G.shape[1] * G.element_size(), self.n_tokens, self.idx.numel(), d_sae)
         key = ("by_latent", tile)
         if key not in self.cache:
             self.cache[key] = by_latent(self.idx.reshape(-1), self.rows(), d_sae, tile)

@@ -9,17 +9,17 @@ a dense G (B × e):
   G = ∂L/∂x̂ (and of the encoder's selected pre-activations, ∂L/∂z_p = ⟨W_enc[:, j_p], …⟩).
 * :func:`scatter_rows`: (ZᵀG)[j] = Σ_{p: j_p = j} z_p G[t_p], a (d_sae × e) matrix: ∂L/∂W of
   x̂ = Z W, and the transpose of the encoder's ∂L/∂W_enc with G = x̃ (``transposed``: also written
-  in W_enc's (e × d_sae) layout, by the thread that summed the rows). It reads
-  the non-zeros grouped by latent (:func:`by_latent`, a CSR layout of Zᵀ, by a compiled counting
-  sort on the CPU), so every output row is written by one thread, in a fixed order: the result
-  does not depend on the thread count. On the CPU the groups are also cut by tiles of tokens
-  (:func:`tile_tokens`: ≤ 1 MiB of G's rows) and the sums run tile by tile: each tile's rows of G
-  stay in the core's L2 cache while every latent's entries in it are added, where the latent-
-  by-latent order fetched a random row of G from the shared cache or memory for every entry
-  (alone, B = d_sae = 4096, e = 512, k = 32, two threads: 1.9× faster, 2.4× with the transposed
-  layout; inside a training step the backward gains less, 30.7 → 27.9 ms, benchmarks/RESULTS.md
-  §4). Every output row still adds its entries in token order, so the tiles change no bit of the
-  result.
+  in W_enc's (e × d_sae) layout, by the thread that summed the rows). It reads the non-zeros
+  grouped by latent (:func:`by_latent`, a CSR layout of Zᵀ, by a compiled counting sort on the
+  CPU), so every output row is written by one thread, in a fixed order: the result does not depend
+  on the thread count. On the CPU the groups are also cut by tiles of tokens (:func:`tile_tokens`:
+  ≤ 1 MiB of G's rows, ≥ 2 entries per tile and latent on average) and the sums run tile by tile:
+  each tile's rows of G stay in the core's L2 cache while every latent's entries in it are added,
+  where the latent-by-latent order fetched a random row of G from the shared cache or memory for
+  every entry (alone, B = d_sae = 4096, e = 512, k = 32, two threads: 1.9× faster, 2.4× with the
+  transposed layout; inside a training step the backward gains less, 30.7 → 27.9 ms,
+  benchmarks/RESULTS.md §4). Every output row still adds its entries in token order, so the tiles
+  change no bit of the result.
 * :func:`scatter_rows_and_dots`: both of the above for the same G in one pass (the decode's
   backward needs ∂L/∂z and ∂L/∂W from the same rows of ∂L/∂x̂), bit for bit the same numbers.
 
@@ -53,6 +53,9 @@ _T_BLOCK = 16
 # untiled time; in a TopK step's backward 0.25, 0.5, 1, 2 and 4 MiB gave 35.8, 29.6, 27.9, 30.0 and
 # 30.2 ms against 30.7–33.5 untiled.
 _TILE_BYTES = 1 << 20
+# Fewest entries per (tile, latent) on average for tiles to be used (:func:`tile_tokens`): at 2 (tiles of
+# 256 tokens in the case above) the step's backward still gained (29.6 against 30.7 ms).
+_MIN_PER_GROUP = 2
 
 
 @nb.njit(inline="always", **_JIT)
@@ -165,9 +168,17 @@ class LatentGroups(NamedTuple):
         return (self.crow.shape[0] - 1) // self.d_sae
 
 
-def tile_tokens(row_bytes: int) -> int:
-    """Tokens per tile for rows of G of ``row_bytes`` bytes: ≤ _TILE_BYTES of rows, at least one."""
-    return max(1, _TILE_BYTES // max(1, row_bytes))
+def tile_tokens(row_bytes: int, n_tokens: int, n_entries: int, d_sae: int) -> int | None:
+    """Tokens per tile for products with rows of G of ``row_bytes`` bytes: ≤ _TILE_BYTES of rows, at
+    least one; None (one tile) when that gives one tile only, or fewer than _MIN_PER_GROUP entries per
+    (tile, latent) on average: such tiles save no reads (each output row would be loaded per entry,
+    as each row of G is without tiles) and crow would grow to n_tiles·d_sae (e.g. 16.8 M entries for
+    d_in = 8192 in float32, B = 4096, d_sae = 131072)."""
+    tile = max(1, _TILE_BYTES // max(1, row_bytes))
+    n_tiles = -(-n_tokens // tile)
+    if n_tiles <= 1 or n_entries < _MIN_PER_GROUP * n_tiles * d_sae:
+        return None
+    return tile
 
 
 def by_latent(lat: Tensor, tok: Tensor, d_sae: int, tile: int | None = None) -> LatentGroups:

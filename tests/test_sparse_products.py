@@ -90,9 +90,14 @@ def test_grouping_of_no_entries():
     assert groups.crow.tolist() == [0] * 6 and groups.order.numel() == 0 and groups.tok.numel() == 0
 
 
-def test_tile_size_holds_a_mebibyte_of_rows():
-    assert tile_tokens(512 * 4) == 512 and tile_tokens(512 * 8) == 256
-    assert tile_tokens(2**21) == 1 and tile_tokens(0) == 2**20
+def test_tile_size_holds_a_mebibyte_of_rows_and_at_least_two_entries_per_latent():
+    B, k = 4096, 32
+    assert tile_tokens(512 * 4, B, B * k, 4096) == 512 and tile_tokens(512 * 8, B, B * k, 4096) == 256
+    assert tile_tokens(2**21, 8, 8 * 4, 2) == 1  # rows over 1 MiB: one token per tile
+    assert tile_tokens(512 * 4, 512, 512 * k, 64) is None  # the batch fits one tile
+    # 8 tiles × 16384 latents: 1 entry per (tile, latent) on average, under 2: no tiles
+    assert tile_tokens(512 * 4, B, B * k, 16384) is None and tile_tokens(512 * 4, B, B * k, 8192) == 512
+    assert tile_tokens(8192 * 4, B, B * k, 131072) is None  # crow would hold 16.8 M entries
 
 
 @pytest.mark.parametrize("threads", [2, 3])

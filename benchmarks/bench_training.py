@@ -89,9 +89,11 @@ def _version(pkg: str) -> str:
 
 
 # --------------------------------------------------------------------------- ours
-def make_ours(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: float):
+def make_ours(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: float, factory=make_sae):
+    """One training step of ours as a function of the batch (``factory``: the ``make_sae`` to build
+    the model with; benchmarks/paired_training.py passes an earlier commit's)."""
     kw = {"k": k} if arch in ("topk", "batchtopk") else {"lam": LAM}
-    model = make_sae(arch, d_in, d_sae, seed=0, **kw)
+    model = factory(arch, d_in, d_sae, seed=0, **kw)
     model.sparse_decode = variant == "sparse"
     with torch.no_grad():
         model.normalise_decoder_()  # as train() does at init

@@ -37,18 +37,29 @@ from bench_lasso_codes import make_data  # noqa: E402
 from dictcheck.solvers import active_set, lasso_codes  # noqa: E402
 
 
-def kernel_at(rev: str, workdir: Path):
-    """The module solvers/active_set.py of commit ``rev``, loaded under a name of its own."""
-    name = f"active_set_{rev.replace('/', '_').replace('~', '_').replace('^', '_')}"
+def module_at(rev: str, source: str, workdir: Path, imports: dict[str, str] | None = None):
+    """The file ``source`` (e.g. solvers/active_set.py) of commit ``rev``, written to ``workdir`` and
+    loaded under a name of its own (never the checkout's file under another name: numba's on-disk
+    cache would mix them up); ``imports`` maps a module path it imports to the name of one loaded
+    here before (e.g. the same commit's dependency)."""
+    stem = Path(source).stem
+    name = f"{stem}_{rev.replace('/', '_').replace('~', '_').replace('^', '_')}"
     path = workdir / f"{name}.py"
-    src = subprocess.run(["git", "show", f"{rev}:solvers/active_set.py"], cwd=ROOT, check=True,
+    src = subprocess.run(["git", "show", f"{rev}:{source}"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
+    for old, new in (imports or {}).items():
+        src = src.replace(f"from {old} import", f"from {new} import")
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def kernel_at(rev: str, workdir: Path):
+    """The module solvers/active_set.py of commit ``rev``, loaded under a name of its own."""
+    return module_at(rev, "solvers/active_set.py", workdir)
 
 
 def chunk_inputs(ctx, Xc: np.ndarray, size: int, candidates: int | None) -> list[tuple]:

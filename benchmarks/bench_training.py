@@ -55,6 +55,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -89,7 +90,8 @@ def _version(pkg: str) -> str:
 
 
 # --------------------------------------------------------------------------- ours
-def make_ours(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: float, factory=make_sae):
+def make_ours(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: float,
+              factory: Callable[..., torch.nn.Module] = make_sae):
     """One training step of ours as a function of the batch (``factory``: the ``make_sae`` to build
     the model with; benchmarks/paired_training.py passes an earlier commit's)."""
     kw = {"k": k} if arch in ("topk", "batchtopk") else {"lam": LAM}

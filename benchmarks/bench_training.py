@@ -37,8 +37,14 @@ Setup (issue: d_in = 512, d_sae = 4096, batch 4096, float32, torch threads = 2):
   remove_parallel_grad_/normalise_decoder_.
 
 * **floor**: the encoder GEMM (batch × d_in)·(d_in × d_sae), the one dense product the sparse
-  TopK step cannot avoid, timed in the same rounds (best of 5 per round); the dense step does 6 of
-  these products (encoder, decoder, and their backward products), so its floor is 6× this.
+  TopK step cannot avoid, timed in the same rounds (best of 5 per round) into one preallocated
+  output (``encoder_gemm``: the product alone; a fresh 64 MiB output each time adds its page faults,
+  61–66 against 49–52 ms on the benchmark VM); the dense step does 6 of these products (encoder,
+  decoder, and their backward products), so its floor is 6× this.
+
+OpenMP: the script shortens libgomp's idle spin before torch loads, as the ``dictcheck`` command
+does (``empirics/openmp_spin.py``; SAELens, in the same process, runs under it too); the header
+prints the value. ``GOMP_SPINCOUNT=300000`` in the environment restores libgomp's default.
 
 Data: random Gaussian activations, a pool of 4 fixed batches (same for both), cycled; no data
 loading is timed. Timing: per contender, ``--warmup`` untimed steps then ``--steps`` timed steps
@@ -58,11 +64,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from dictcheck.empirics.openmp_spin import SPIN_ENV, shorten_openmp_spin  # noqa: E402
+
+shorten_openmp_spin()  # before torch loads, as the dictcheck command does (both libraries run under it)
+
+import torch  # noqa: E402
 
 from dictcheck.empirics.sae_models import make_sae  # noqa: E402
 
@@ -179,6 +189,12 @@ def make_saelens(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: flo
 
 
 # --------------------------------------------------------------------------- timing
+def encoder_gemm(x: torch.Tensor, w: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The floor: x @ w into one output allocated here, so that a call times the product alone."""
+    out = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype)
+    return lambda: torch.mm(x, w, out=out)
+
+
 def time_steps(step, batches: list[torch.Tensor], warmup: int, steps: int) -> float:
     """Seconds for ``steps`` timed steps after ``warmup`` untimed ones."""
     for i in range(warmup):
@@ -193,16 +209,21 @@ def time_steps(step, batches: list[torch.Tensor], warmup: int, steps: int) -> fl
     return dt
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_setup_arguments(p: argparse.ArgumentParser) -> None:
+    """The setup's options (module docstring), shared with benchmarks/step_budget.py."""
     p.add_argument("--d-in", type=int, default=512)
     p.add_argument("--d-sae", type=int, default=4096)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--k", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_setup_arguments(p)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--archs", default="relu,topk,batchtopk", help="comma-separated subset to time")
     p.add_argument("--profile", default=None, metavar="ARCH",
                    help="instead: torch.profiler table of two ours-sparse steps of ARCH on one thread")
@@ -219,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"# SAE training throughput: d_in={a.d_in} d_sae={a.d_sae} batch={a.batch} k={a.k} float32, "
           f"torch threads={torch.get_num_threads()}, {a.warmup} warm-up + {a.steps} timed steps, "
-          f"{a.rounds} interleaved rounds (median)")
+          f"{a.rounds} interleaved rounds (median), {SPIN_ENV}={os.environ.get(SPIN_ENV, 'unset')}")
     print(f"# python {platform.python_version()}, torch {torch.__version__}, sae-lens {_version('sae-lens')}, "
           f"{platform.machine()} {os.cpu_count()} CPUs, {platform.processor() or platform.platform()}")
 
@@ -255,11 +276,13 @@ def main(argv: list[str] | None = None) -> None:
     xg = batches[0]
     w_enc = torch.randn(a.d_in, a.d_sae, generator=gen, dtype=torch.float32)
 
+    gemm = encoder_gemm(xg, w_enc)
+
     def gemm_seconds() -> float:
         best = float("inf")
         for _ in range(5):
             t0 = time.perf_counter()
-            xg @ w_enc
+            gemm()
             best = min(best, time.perf_counter() - t0)
         return best
 

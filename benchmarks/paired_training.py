@@ -24,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_training import make_ours  # noqa: E402
+from bench_training import make_ours  # noqa: E402  (first: it sets OpenMP's spin before torch loads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from paired_kernels import module_at  # noqa: E402
 
 

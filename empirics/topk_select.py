@@ -29,7 +29,7 @@ from torch import Tensor
 from dictcheck.empirics.sparse_products import run_split
 from dictcheck.solvers.row_topk import topk_rows
 
-__all__ = ["ALIKE_ROWS", "encoder_topk", "row_topk"]
+__all__ = ["ALIKE_ROWS", "encoder_topk", "row_blocks", "row_topk"]
 
 # Row blocks of encoder_topk: about this many bytes of pre-activations at a time.
 _BLOCK_BYTES = 8 << 20
@@ -63,6 +63,14 @@ def row_topk(a: Tensor, m: int) -> tuple[Tensor, Tensor]:
     return vals, idx
 
 
+def row_blocks(n: int, d: int, element_size: int) -> list[int]:
+    """Cuts 0 = c_0 < … < c_b = n of :func:`encoder_topk`'s row blocks of an (n, d) pre-activation:
+    b blocks of at most 8 MiB and one row, but at least ``ALIKE_ROWS`` rows (unless n is smaller),
+    of sizes ⌊n/b⌋ or one more (module docstring)."""
+    n_blocks = min(max(1, n // ALIKE_ROWS), max(1, -(-n * d * element_size // _BLOCK_BYTES)))
+    return [i * n // n_blocks for i in range(n_blocks + 1)]
+
+
 @torch.no_grad()
 def encoder_topk(xe: Tensor, W_enc: Tensor, b_enc: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """:func:`row_topk` of a = xe @ W_enc + b_enc (CPU), computed in row blocks of at most ≈ 8 MiB
@@ -73,9 +81,8 @@ def encoder_topk(xe: Tensor, W_enc: Tensor, b_enc: Tensor, m: int) -> tuple[Tens
     _check(m, d, xe.dtype)
     vals = torch.zeros(n, m, dtype=xe.dtype)
     idx = torch.zeros(n, m, dtype=torch.int64)
-    n_blocks = min(max(1, n // ALIKE_ROWS), max(1, -(-n * d * xe.element_size() // _BLOCK_BYTES)))
-    cuts = [i * n // n_blocks for i in range(n_blocks + 1)]  # sizes ⌊n/n_blocks⌋ or one more
-    buf = torch.empty(-(-n // n_blocks), d, dtype=xe.dtype)
+    cuts = row_blocks(n, d, xe.element_size())
+    buf = torch.empty(max(hi - lo for lo, hi in zip(cuts[:-1], cuts[1:])), d, dtype=xe.dtype)
     for lo, hi in zip(cuts[:-1], cuts[1:]):
         blk = buf[: hi - lo]
         torch.mm(xe[lo:hi], W_enc, out=blk).add_(b_enc)

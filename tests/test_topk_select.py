@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dictcheck.empirics import topk_select
-from dictcheck.empirics.topk_select import encoder_topk, row_topk
+from dictcheck.empirics.topk_select import ALIKE_ROWS, encoder_topk, row_blocks, row_topk
 
 
 def _matrix(seed: int, n: int, d: int, dtype: torch.dtype, ties: bool) -> torch.Tensor:
@@ -122,6 +122,17 @@ def test_encoder_topk_is_bit_exact_with_blocks_of_16_rows_or_more(n):
         topk_select._BLOCK_BYTES = old
     ref = row_topk(x @ W + b, 20)
     assert torch.equal(vals, ref[0]) and torch.equal(idx, ref[1])
+
+
+@given(st.integers(1, 5000), st.integers(1, 70000), st.sampled_from([4, 8]))
+def test_row_blocks_are_at_most_8_mib_at_least_16_rows_and_even(n, d, size):
+    """The cuts cover 0..n; block sizes differ by at most one row; each block holds ≥ ALIKE_ROWS rows
+    (one block when n is smaller) and at most one row over 8 MiB, or fewer than 2·ALIKE_ROWS rows."""
+    cuts = row_blocks(n, d, size)
+    sizes = [hi - lo for lo, hi in zip(cuts[:-1], cuts[1:])]
+    assert cuts[0] == 0 and cuts[-1] == n and max(sizes) - min(sizes) <= 1
+    assert len(sizes) == 1 or min(sizes) >= ALIKE_ROWS
+    assert (max(sizes) - 1) * d * size <= 8 << 20 or max(sizes) < 2 * ALIKE_ROWS or len(sizes) == 1
 
 
 def test_bad_input_is_one_line_errors():

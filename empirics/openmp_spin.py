@@ -7,8 +7,9 @@ cycles on recent Intel cores, i.e. about 14 ms per region). The sparse TopK step
 (:mod:`~dictcheck.empirics.sparse_products`, :mod:`~dictcheck.empirics.topk_select`) run on Python
 threads (``run_split``) right after torch operators, so for those milliseconds a spinning OpenMP
 worker shares a core with a kernel thread. With 10 000 iterations (well under a millisecond) the
-step was 8–10 % faster on the issue 17 setup (two threads; benchmarks/RESULTS.md §4); the dense
-ReLU step and the exact codes did not change. Waiting changes no number.
+sparse step took 0.899 (TopK) and 0.877 (BatchTopK) of its time on the issue 17 setup (two threads,
+8 paired processes; benchmarks/RESULTS.md §4); the dense ReLU step and the exact codes did not
+change. Waiting changes no number.
 
 libgomp reads the variable once, when it loads (with torch), so :func:`shorten_openmp_spin` must run
 before ``import torch``: the ``dictcheck`` command calls it first thing. A user's own setting of

@@ -65,10 +65,10 @@ def part_times(d_in: int, d_sae: int, batch: int, k: int, repeats: int) -> dict[
     x = torch.randn(batch, d_in, generator=gen)
     model = make_sae("topk", d_in, d_sae, k=k, seed=0)
     res = model(x)
-    res.loss.backward()  # a real step's gradients, and its grouping cache
+    res.loss.backward()  # a real step's gradients, for the parts after the backward
+    xe = model._encoder_input(x).detach()  # x̃ = x − b_dec
     with torch.no_grad():  # the forward's ActiveLatents (its cache: the grouping both backward passes share)
-        act = model._encode(model._encoder_input(x))[2]
-    xe = (x - model.b_dec).detach()
+        act = model._encode(x)[2]  # _encode centres x itself, as forward calls it
     W_enc, W_dec, b_enc = model.W_enc.detach(), model.W_dec.detach(), model.b_enc.detach()
     cuts = row_blocks(batch, d_sae, xe.element_size())
     block = xe[: cuts[1]] @ W_enc + b_enc  # one row block of the pre-activation, as encoder_topk makes it
@@ -116,13 +116,8 @@ def part_times(d_in: int, d_sae: int, batch: int, k: int, repeats: int) -> dict[
         "normalise_decoder_": model.normalise_decoder_,
         "dead-latent counter": dead_counter,
     }
-    with torch.no_grad():
-        snapshot = [p.detach().clone() for p in params]
     times = {name: best_ms(fn, repeats) for name, fn in parts.items()}
     times["row top-k (blocks in cache)"] *= len(cuts) - 1
-    with torch.no_grad():  # the Adam and normalise calls moved the weights; nothing reads them now
-        for p, s in zip(params, snapshot):
-            p.copy_(s)
     return times
 
 

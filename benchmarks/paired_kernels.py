@@ -89,6 +89,8 @@ REGROUPED = {
     "dictcheck.empirics.bsf_models": "dictcheck.empirics.architectures.bsf",
     "dictcheck.empirics.bilinear_models": "dictcheck.empirics.architectures.bilinear",
     "dictcheck.empirics.vasae_models": "dictcheck.empirics.architectures.vasae",
+    "dictcheck.empirics.ground_truth": "dictcheck.empirics.metrics.ground_truth",
+    "dictcheck.empirics.synthetic": "dictcheck.empirics.data.synthetic",
 }
 
 

@@ -219,8 +219,8 @@ SAE_D, SAE_DZ, SAE_N = 8, 16, 300
 
 
 def _sae_folder(root: Path, arch: str, s: float) -> Path:
-    from dictcheck.empirics.sae_folder import new_sae_config, save_sae
-    from dictcheck.empirics.sae_models import make_sae
+    from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
+    from dictcheck.empirics.architectures.linear_sae import make_sae
 
     rng = np.random.default_rng(1)
     W_dec = rng.normal(size=(SAE_DZ, SAE_D))

@@ -32,7 +32,7 @@ _HOME = {
                                                           "exact_codes", "check_dictionary", "check_sae",
                                                           "load_sae", "train", "run_checks")},
     "build_model": "dictcheck.empirics.architectures",
-    "TrainConfig": "dictcheck.empirics.training",
+    "TrainConfig": "dictcheck.empirics.training.loop",
 }
 
 

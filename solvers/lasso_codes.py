@@ -66,6 +66,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.solvers.active_set import STATUS_OPTIMAL, classify_pairs, solve_on_candidates, write_rows
 from dictcheck.solvers.atom_rows import U_FP32, AtomRows, exact_products, run_in_threads, threshold_above, threshold_below
+from dictcheck.theory.scaling import canonical_scale
 
 __all__ = ["CodeSolver", "ExactCodes", "exact_codes", "kkt_violation"]
 
@@ -478,8 +479,12 @@ class CodeSolver:
         workers = torch.get_num_threads() if workers is None else _as_positive_int(workers, "workers")
         N = Xn.shape[1]
         guess = None if init is None else _as_guess(init, d_z, N)
+        # The canonical scale (theory.scaling, docs/theory.md §1.1): x̃ and λ divided by the power of two σ nearest
+        # λ, the codes multiplied by σ at the end; exact, so the result is homogeneous by construction.
+        sigma = canonical_scale(lam)
+        lam_s, b_s = lam / sigma, bv / sigma
         gram = self.gram()
-        rounds = _Rounds(self.atoms, np.zeros((0, 0)) if gram is None else gram[0], lam, tol, max_iter, workers)
+        rounds = _Rounds(self.atoms, np.zeros((0, 0)) if gram is None else gram[0], lam_s, tol, max_iter, workers)
         width = 0 if guess is None else int(np.diff(guess.indptr).max(initial=0))
         M = int(min(d_z, max(_CAP_MIN, min(width, D) + _CAP_SLACK)))
         B = batch_size or int(max(64, min(4096, _GRAM_ENTRIES // (M * M))))
@@ -488,7 +493,7 @@ class CodeSolver:
         for s in range(0, N, B):
             e = min(N, s + B)
             pts = np.arange(s, e)
-            Xc = np.ascontiguousarray(Xn[:, s:e].T) - bv
+            Xc = np.multiply(Xn[:, s:e].T, 1.0 / sigma, order="C") - b_s
             guesses = [np.zeros(0, np.int64)] * (e - s) if guess is None else _guess_rows(guess, s, e, min(M, D))
             if gram is not None:
                 pts, Xc, guesses = _gram_pass(self.atoms, gram, Xc, pts, guesses, rounds, out)
@@ -496,9 +501,12 @@ class CodeSolver:
                 rounds.run(pts, Xc, guesses, M, out)
             bar.update(e - s)
         bar.close()
-        return out.result(tol, lam, time.perf_counter() - t0)
+        return out.result(tol, lam_s, sigma, time.perf_counter() - t0)
 
 
+# The float32 screen with the Gram matrix cached is used while the correlations and the screen's products stay
+# below this (far below float32's 3.4e38); beyond it the checks run in float64.
+_SCREEN_MAX = 1e30
 # With the Gram matrix cached, each point's first candidates are its top this many atoms of q̃.
 _CANDIDATES = 12
 # ... and its candidate capacity at most this (C's local Gram block: 32 MiB per thread).
@@ -521,13 +529,19 @@ def _gram_pass(atoms: AtomRows, gram: tuple[NDArray[np.float64], NDArray[np.floa
     screen = atoms.screen("fp32")
     Rhat, rho, E = screen.prepare(Xc)
     H = torch.cat([h for _, h in screen.blocks(Rhat)], dim=1).double().numpy()
-    Qs = (H * rho[:, None] - lam).astype(np.float32)
     rhat_norm = np.linalg.norm(Xc, axis=1) / rho
-    eq = E + 2.0 * U_FP32 * (rho * rhat_norm * screen.wmax * (1.0 + screen.rel) + lam)
+    q_bound = rho * rhat_norm * screen.wmax * (1.0 + screen.rel) + lam
+    if float(q_bound.max(initial=0.0)) * screen.wmax * D < _SCREEN_MAX:
+        Qs = (H * rho[:, None] - lam).astype(np.float32)
+        eq = E + 2.0 * U_FP32 * q_bound
+        u = U_FP32
+    else:  # correlations beyond float32's range: the whole check in float64 (exact, no bound)
+        Qs = Xc @ atoms.unit_block(0, d_z).T - lam
+        Gs, eq, u = G, np.zeros(Xc.shape[0]), 0.0
     n = pts.size
     m = min(d_z, _CANDIDATES)
     cand = np.empty((n, m), dtype=np.int64)
-    topk_rows(Qs, m, np.empty((n, m), dtype=np.float32), cand)
+    topk_rows(Qs, m, np.empty((n, m), dtype=Qs.dtype), cand)
     K = max([g.size for g in guesses] + [1])
     guess = np.full((n, K), d_z, dtype=np.int64)
     for t, g in enumerate(guesses):
@@ -538,7 +552,7 @@ def _gram_pass(atoms: AtomRows, gram: tuple[NDArray[np.float64], NDArray[np.floa
     def part(lo: int, hi: int) -> None:
         results.append((lo, solve_points_gram(G, Gs, Qs[lo:hi], Xc[lo:hi], atoms.rows, atoms.scale, lam, eq[lo:hi],
                                               guess[lo:hi], cand[lo:hi], rounds.eps, rounds.tol * lam,
-                                              rounds.max_iter, U_FP32, screen.wmax ** 2, cap)))
+                                              rounds.max_iter, u, screen.wmax ** 2, cap)))
 
     run_in_threads(part, n, rounds.workers, parts_per_worker=4)
     left = np.zeros(n, dtype=bool)
@@ -692,16 +706,20 @@ def _ldp_codes(atoms: AtomRows, x: NDArray[np.float64], S: NDArray[np.int64], la
     WS = atoms.unit_rows(S)  # (|S|, D)
     q = WS @ x - lam
     D = x.size
+    # E stacks −W_S (the atoms' scale) on qᵀ (the data's): NNLS loses accuracy as ‖q‖² when the two differ, so
+    # the program is solved for q/α (its codes are z/α: homogeneity, docs/theory.md §1.1), α a power of two
+    # near max |q| (exact).
+    alpha = canonical_scale(float(np.max(np.abs(q)))) if np.any(q) else 1.0
     E = np.empty((D + 1, S.size))
     E[:D] = -WS.T
-    E[D] = q
+    E[D] = q / alpha
     f = np.zeros(D + 1)
     f[D] = 1.0
     w, _ = nnls(E, f, maxiter=max(100, 50 * S.size))
-    den = 1.0 - float(q @ w)
+    den = 1.0 - float(E[D] @ w)
     if not (den > 0.0 and np.isfinite(den)):  # cannot happen: {r : W_Sᵀr ≤ λ} contains r with W_Sᵀr = 0
         return np.zeros(S.size)
-    return w / den
+    return w * (alpha / den)
 
 
 class _Collected:
@@ -723,10 +741,12 @@ class _Collected:
         self.viol[point] = viol
         self.checks[point] = checks
 
-    def result(self, tol: float, lam: float, seconds: float) -> ExactCodes:
+    def result(self, tol: float, lam: float, sigma: float, seconds: float) -> ExactCodes:
+        """The codes (values times the canonical scale σ they were solved at) and the violations (absolute
+        ones at that scale, relative to its λ)."""
         rows = np.concatenate(self.rows) if self.rows else np.zeros(0, np.int64)
         cols = np.concatenate(self.cols) if self.cols else np.zeros(0, np.int64)
-        vals = np.concatenate(self.vals) if self.vals else np.zeros(0)
+        vals = np.concatenate(self.vals) * sigma if self.vals else np.zeros(0)
         Zs = sp.csc_array((vals, (rows, cols)), shape=(self.d_z, self.N))
         Zs.sort_indices()
         if self.sparse:

@@ -28,7 +28,7 @@ from dictcheck.empirics.architectures.base import (
     unregister,
 )
 from dictcheck.empirics.architectures.sae import sae_default_lr
-from dictcheck.empirics.featurizer import Featurizer
+from dictcheck.empirics.architectures.featurizer import Featurizer
 
 __all__ = ["REGISTRY", "ArchOptions", "Architecture", "Schema", "architecture", "option", "register", "unregister",
            "sae_default_lr", "build_model", "family_of"]

@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.sae_io import SaeConfig
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.io.saelens import SaeConfig
 
 __all__ = [
     "ArchOptions",
@@ -179,7 +179,7 @@ class Architecture:
 
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         """Why P ranks with global batch B do NOT train exactly what one process with batch B trains,
-        or None when they do (up to floating-point summation order; docs of empirics.distributed)."""
+        or None when they do (up to floating-point summation order; docs of empirics.training.distributed)."""
         return None
 
     def init_model(self, d_in: int, d_sae: int, options: ArchOptions, *, seed: int, dtype: torch.dtype) -> Featurizer:

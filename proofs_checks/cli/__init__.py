@@ -11,7 +11,7 @@ command) or the environment variable ``DICTCHECK_DEBUG=1`` also prints the trace
 
 Only the module of the command being run is imported (``dictcheck --help`` imports them all), so a
 rejected input costs no more than that command's imports. Nothing here loads torch, so ``main`` can
-shorten OpenMP's idle spin before a command does (:mod:`~dictcheck.empirics.openmp_spin`; a variable
+shorten OpenMP's idle spin before a command does (:mod:`~dictcheck.empirics.kernels.openmp_spin`; a variable
 the user set is kept).
 """
 
@@ -25,8 +25,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from dictcheck.empirics.openmp_spin import shorten_openmp_spin
-from dictcheck.empirics.safe_io import FolderInUseError, ResourceError
+from dictcheck.empirics.kernels.openmp_spin import shorten_openmp_spin
+from dictcheck.empirics.io.safe_files import FolderInUseError, ResourceError
 from dictcheck.proofs_checks.cli.inputs import NonFiniteResultError
 from dictcheck.proofs_checks.errors import UserError
 
@@ -102,7 +102,7 @@ def _failure(exc: BaseException) -> tuple[int, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code. Before any command loads torch,
-    OpenMP's idle spin is shortened (:mod:`~dictcheck.empirics.openmp_spin`)."""
+    OpenMP's idle spin is shortened (:mod:`~dictcheck.empirics.kernels.openmp_spin`)."""
     shorten_openmp_spin()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")

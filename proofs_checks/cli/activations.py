@@ -5,7 +5,7 @@
 
 Runs the model offline on the shipped text corpus and writes h^(L), the output of decoder layer L
 (docs/ecosystem.md §5, docs/vasae.md §1), as float32 shards plus ``manifest.json`` to DIR; see
-``empirics.activation_store`` for the windows (position 0 of each window is dropped). A killed run
+``empirics.data.activation_store`` for the windows (position 0 of each window is dropped). A killed run
 resumes when rerun with the same arguments; a finished one is just reopened. ``dictcheck train
 --data DIR`` trains on the result.
 """
@@ -16,8 +16,8 @@ import argparse
 import json
 import time
 
-from dictcheck.empirics.activation_store import check_extraction, extract_activations
-from dictcheck.empirics.lm_models import BUILTIN_MODELS, load_lm
+from dictcheck.empirics.data.activation_store import check_extraction, extract_activations
+from dictcheck.empirics.data.lm_models import BUILTIN_MODELS, load_lm
 from dictcheck.proofs_checks.cli.inputs import output_dir
 from dictcheck.proofs_checks.errors import UserError
 

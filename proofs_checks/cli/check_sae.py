@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from dictcheck.empirics.sae_io import SaeFormatError
+from dictcheck.empirics.io.saelens import SaeFormatError
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
 from dictcheck.proofs_checks.cli.inputs import finite_result, positive_lambda, scan_points_file
 from dictcheck.proofs_checks.errors import UserError

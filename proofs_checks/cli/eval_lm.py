@@ -3,14 +3,14 @@
     dictcheck eval-lm DIR_SAE --layer L [--model smollm2|tinycoder|PATH] [--tokens T] [--context C]
                       [--batch-size B] [--seed S] [--names N] [--json]
 
-Metrics (docs/vasae.md §5, docs/ecosystem.md §2; :mod:`empirics.lm_metrics`): ``ve``, ``fvu``,
+Metrics (docs/vasae.md §5, docs/ecosystem.md §2; :mod:`empirics.metrics.lm`): ``ve``, ``fvu``,
 ``mse_per_element``, ``l0``, ``dead_frac`` on the layer's activations; ``ce_clean``, ``ce_sae``,
 ``ce_zero``, ``ce_recovered`` (zero ablation), ``ce_recovered_batch_mean``, ``delta_ce``, ``kl``,
 ``kl_score``; and, for SAEs with a decoder ``W_dec``, the vocabulary alignment against the model's
 input embedding (``alignment_rate_all``, ``alignment_rate_alive``, ``coverage``, …) with the
 intrinsic token names (top-5 tokens) of the ``N`` best-aligned alive features.
 
-Evaluation text: the token windows of :mod:`empirics.activation_store` (``C`` tokens each, BOS
+Evaluation text: the token windows of :mod:`empirics.data.activation_store` (``C`` tokens each, BOS
 first when the tokenizer prepends one) covering ``T`` spliced positions, in the document order of
 seed ``S`` (default 1; extraction defaults to seed 0, so the windows mostly differ from the
 training tokens, but the corpus is shared: not a strict held-out split). Position 0 of each window
@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.activation_store import token_windows
-from dictcheck.empirics.lm_metrics import alignment_metrics, feature_names, splice_metrics
-from dictcheck.empirics.lm_models import LMShape, load_lm
-from dictcheck.empirics.safe_io import check_memory
-from dictcheck.empirics.sae_formats import load_any_sae
-from dictcheck.empirics.sae_io import SaeConfig, SaeFormatError
+from dictcheck.empirics.data.activation_store import token_windows
+from dictcheck.empirics.metrics.lm import alignment_metrics, feature_names, splice_metrics
+from dictcheck.empirics.data.lm_models import LMShape, load_lm
+from dictcheck.empirics.io.safe_files import check_memory
+from dictcheck.empirics.io.formats import load_any_sae
+from dictcheck.empirics.io.saelens import SaeConfig, SaeFormatError
 from dictcheck.proofs_checks.cli.inputs import finite_result
 from dictcheck.proofs_checks.errors import UserError
 

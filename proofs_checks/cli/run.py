@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.safe_io import read_json
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.io.safe_files import read_json
 from dictcheck.proofs_checks.baseline import baseline_changes, baseline_of
 from dictcheck.proofs_checks.cli.inputs import output_dir, output_file
 from dictcheck.proofs_checks.errors import UserError

@@ -15,7 +15,7 @@ vocabulary-anchored TopK SAE (vasae).
 The λ of ``relu``/``abs`` is the λ of theory objective (1) (penalty 2λ‖z‖₁, mean over tokens);
 ``jumprelu`` uses it for its L0 penalty. A run killed at any moment resumes with ``--resume``.
 
-**Several processes** (:mod:`empirics.distributed`). ``--nproc P`` starts P data-parallel ranks
+**Several processes** (:mod:`empirics.training.distributed`). ``--nproc P`` starts P data-parallel ranks
 through PyTorch's elastic launcher (what ``torchrun --standalone --nproc-per-node P`` runs) with
 the same arguments minus ``--nproc``; ``torchrun --nproc-per-node P -m dictcheck.proofs_checks.cli train ...``
 works as well. ``--batch-size`` is the global batch (divisible by P). A failed rank ends the job
@@ -47,10 +47,10 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import REGISTRY, architecture
-from dictcheck.empirics.distributed import SINGLE, World, env_world_size, process_group
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.toy_data import TOYS, make_toy
-from dictcheck.empirics.training import TrainConfig, check_training_memory, latest_checkpoint, train
+from dictcheck.empirics.training.distributed import SINGLE, World, env_world_size, process_group
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.data.toys import TOYS, make_toy
+from dictcheck.empirics.training.loop import TrainConfig, check_training_memory, latest_checkpoint, train
 from dictcheck.proofs_checks.cli.inputs import load_points, output_dir, positive_lambda
 from dictcheck.proofs_checks.errors import UserError
 
@@ -69,7 +69,7 @@ def _data(args: argparse.Namespace) -> Any:
         raise UserError("give exactly one of --data X.npy and --toy NAME")
     if args.data is not None:
         if Path(args.data).is_dir():
-            from dictcheck.empirics.activation_store import open_activations
+            from dictcheck.empirics.data.activation_store import open_activations
 
             try:
                 return open_activations(args.data)
@@ -186,7 +186,7 @@ def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None 
     if getattr(args, "lam", None) is not None:
         positive_lambda(args.lam)
     if getattr(args, "anchor_source", None) is not None:
-        from dictcheck.empirics.vasae_models import load_embedding
+        from dictcheck.empirics.architectures.vasae import load_embedding
 
         try:
             load_embedding(args.anchor_source)  # cached: the model's first forward reuses it

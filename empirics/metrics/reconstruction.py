@@ -82,8 +82,8 @@ RECON_METRIC_NAMES: tuple[str, ...] = (
 CODE_METRIC_NAMES: tuple[str, ...] = ("l0", "dead_frac", "n_eval_tokens")
 METRIC_NAMES: tuple[str, ...] = RECON_METRIC_NAMES + CODE_METRIC_NAMES
 
-# Relative threshold below which the total variance counts as zero (rounding of x̄ only).
-_ZERO_VAR_REL = (64.0 * np.finfo(np.float64).eps) ** 2
+#: Relative threshold below which the total variance counts as zero (rounding of x̄ only).
+ZERO_VARIANCE_REL = (64.0 * np.finfo(np.float64).eps) ** 2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def _total_variance_sum(x: NDArray[np.float64]) -> float:
     """Σ_t ‖x_t − x̄‖², raising ValueError when it is zero (up to rounding)."""
     xc = x - x.mean(axis=0)
     s = float(np.sum(xc * xc))
-    if s <= _ZERO_VAR_REL * float(np.sum(x * x)):
+    if s <= ZERO_VARIANCE_REL * float(np.sum(x * x)):
         raise ValueError(
             "x has zero variance over the evaluation set (Σ_t ‖x_t − x̄‖² = 0): fvu / ve / fve_dl / "
             "ve_legacy_per_token are undefined"
@@ -425,7 +425,7 @@ class StreamingMetrics:
         if self.n == 0:
             raise ValueError("no tokens were seen")
         s, n, D = self.sums, self.n, self.x_mean.size
-        if s["tv"] <= _ZERO_VAR_REL * s["x_sq"]:
+        if s["tv"] <= ZERO_VARIANCE_REL * s["x_sq"]:
             raise ValueError("x has zero variance over the evaluation set (Σ_t ‖x_t − x̄‖² = 0): fvu / ve / fve_dl / "
                              "ve_legacy_per_token are undefined")
         if self.counts["nonzero"] == 0:

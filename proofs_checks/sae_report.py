@@ -46,6 +46,8 @@ from dictcheck.empirics.data.row_source import RowSource, open_rows
 from dictcheck.empirics.io.formats import load_any_sae
 from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.proofs_checks.dictionary_report import summary
+from dictcheck.solvers.atom_rows import AtomRows
+from dictcheck.solvers.decoder_geometry import ANTIPODAL_COSINE, decoder_geometry
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
 from dictcheck.solvers.hull_distance import hull_candidate_distances
 from dictcheck.solvers.lam_search import lam_for_l0
@@ -53,18 +55,28 @@ from dictcheck.solvers.lasso_codes import CodeSolver, exact_codes
 from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import best_of_candidates, search_starts
 from dictcheck.solvers.polish import exact_code_objective, polish_dictionary
-from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics
+from dictcheck.solvers.stream_diagnostics import (
+    SparseCodes,
+    batch_size_for,
+    candidate_gains,
+    column_batches,
+    stream_diagnostics,
+)
 from dictcheck.theory.certificate import certified_gap
 
-__all__ = ["ANTIPODAL_COSINE", "DENSE_FIRING", "SaeCheckSettings", "antipodal_pairs", "sae_report"]
+__all__ = ["ANTIPODAL_COSINE", "DENSE_FIRING", "SaeCheckSettings", "sae_report"]
 
-ANTIPODAL_COSINE = -0.9
 DENSE_FIRING = 0.5
 #: Atoms listed as the ones that moved most under polishing.
 TOP_MOVERS = 10
 #: New-atom candidates (the best on the residual sample) whose gain is streamed over every token; an
 #: unrefined antipode start's gain over every token is its ``antipode_gain``, reported anyway.
 NEW_ATOM_CANDIDATES = 64
+#: Starts refined by the new-atom search (solvers.new_atom_search.search_starts' default).
+_REFINED_STARTS = 32
+#: Bytes of the encoder pass's dense (batch, d_sae) arrays at a time (pre-activations, codes, their float64
+#: copies): the encoder batch is the token batch or fewer.
+_ENCODER_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -77,7 +89,8 @@ class SaeCheckSettings:
     ``polish_tokens`` (None: all not held out) and ``polish_iters``: the sample and the sweep cap of ``polish``;
     ``polish_holdout``: the fraction of tokens kept out of polishing to measure it on unseen data. ``tol``: relative
     KKT tolerance of the exact codes; ``warm_start``: start them from the encoder's supports (never changes
-    the codes, only the time)."""
+    the codes, only the time). ``latent_block``: atoms per block of the screened products with all atoms
+    (None: blocks of about 256 MiB of products)."""
 
     lam: float | str | None = None
     batch_size: int | None = None
@@ -94,21 +107,7 @@ class SaeCheckSettings:
     warm_start: bool = True
     device: str = "cpu"
     progress: bool = False
-
-
-def antipodal_pairs(W_dec: NDArray, threshold: float = ANTIPODAL_COSINE, block: int = 2048) -> list[list[int]]:
-    """Pairs [i, j], i < j, of decoder rows with cosine below ``threshold`` (rows in blocks: memory
-    O(block·d_sae), never d_sae × d_sae)."""
-    W_dec = np.asarray(W_dec, dtype=np.float64)
-    norms = np.linalg.norm(W_dec, axis=1)
-    unit = W_dec / np.where(norms > 0, norms, 1.0)[:, None]
-    pairs: list[list[int]] = []
-    for lo in range(0, unit.shape[0], block):
-        cos = unit[lo:lo + block] @ unit.T
-        i, j = np.nonzero(cos < threshold)
-        keep = lo + i < j
-        pairs.extend([int(a), int(c)] for a, c in zip(lo + i[keep], j[keep]))
-    return sorted(pairs)
+    latent_block: int | None = None
 
 
 def _lam_from_folder(cfg: SaeConfig, arch: str) -> tuple[float | None, str]:
@@ -153,13 +152,20 @@ class _FirstPass:
     sample_cols: NDArray  # indices of the residual sample
 
 
+def encoder_batch(batch: int, d_sae: int) -> int:
+    """Tokens per encoder call: ``batch``, or fewer so its dense (tokens, d_sae) arrays stay near _ENCODER_BYTES."""
+    return int(max(1, min(batch, _ENCODER_BYTES // (32 * max(d_sae, 1)))))
+
+
 def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArray, lam: float,
-                settings: SaeCheckSettings, batch: int, log: Callable[[str], None]) -> _FirstPass:
-    """The SAE's codes and output, the metrics and the encoder's objective, streamed; then the exact codes of
-    its decoder on all tokens in one call (the Gram matrix is built once), warm-started from the encoder's
+                settings: SaeCheckSettings, batch: int, log: Callable[[str], None],
+                timings: dict[str, float]) -> _FirstPass:
+    """The SAE's codes and output, the metrics and the encoder's objective, streamed (encoder batches sized to
+    d_sae); then the exact codes of its decoder on all tokens in one call, warm-started from the encoder's
     supports when ``settings.warm_start``."""
-    W = solver.W
-    N, D, d_z = src.n_rows, src.dim, W.shape[1]
+    t = time.perf_counter()
+    atoms = solver.atoms
+    N, D, d_z = src.n_rows, src.dim, atoms.n_atoms
     x_mean = np.zeros(D)
     for _, rows in src.batches(batch):
         x_mean += rows.sum(axis=0)
@@ -169,14 +175,14 @@ def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArra
     enc_sum, signed = 0.0, False
     norm = model.input_normalisation
     bar = _bar(settings.progress, N, "pass 1: SAE codes")
-    for start, rows in src.batches(batch):
+    for start, rows in src.batches(encoder_batch(batch, d_z)):
         z_raw, z_unit, x_hat = _encoder_pass(model, rows)
         x_in = norm.apply(torch.from_numpy(rows))[0].numpy().T  # (D, B), float64
         X_in[:, start:start + rows.shape[0]] = x_in
         metrics.update(rows, x_hat, z_raw)
         encoder_parts.append(SparseCodes.from_dense(np.abs(z_raw.T), offset=start))
         signed = signed or bool(np.any(z_raw < 0))
-        r_enc = x_in - b[:, None] - np.asarray(sp.csr_array(z_unit) @ W.T).T  # sparse decode (k ≪ d_z)
+        r_enc = x_in - b[:, None] - SparseCodes.from_dense(z_unit.T).decode(atoms)  # sparse decode (k ≪ d_z)
         enc_sum += float(np.sum(r_enc * r_enc) + 2.0 * lam * np.abs(z_unit).sum())
         bar.update(rows.shape[0])
     bar.close()
@@ -185,8 +191,11 @@ def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArra
         metric_values: dict[str, Any] = metrics.result()
     except ValueError as exc:  # e.g. zero-variance data: the theory checks still stand
         metric_values = {"metrics_error": str(exc)}
+    timings["encoder_pass"] = time.perf_counter() - t
+    t = time.perf_counter()
     ex = solver.codes(X_in, b, lam, tol=settings.tol, sparse_output=True, progress=settings.progress,
                       init=encoder.to_matrix() if settings.warm_start else None)
+    timings["exact_codes"] = time.perf_counter() - t
     log(f"pass 1 done: {N} tokens, exact codes' KKT violation {ex.kkt_violation:.2e}")
     stride = max(1, N // max(settings.search_tokens, 1))
     return _FirstPass(codes=SparseCodes.from_matrix(ex.Z), X_in=X_in, encoder_objective_sum=enc_sum,
@@ -235,8 +244,8 @@ def _polish_report(W: NDArray, b: NDArray, X: NDArray, lam: float, settings: Sae
     fit = polish_dictionary(W, b, Xs, lam, max_iter=settings.polish_iters, tol=min(settings.tol, 1e-10),
                             on_sweep=on_sweep)
     cos = np.sum(W * fit.W, axis=0)
-    after = stream_diagnostics(fit.W, fit.codes, fit.b, column_batches(Xs, batch_size_for(W.shape[1], Xs.shape[1])),
-                               lam, learned_bias=True, device=settings.device).diagnostics
+    after = stream_diagnostics(AtomRows.from_columns(fit.W, settings.device), fit.codes, fit.b,
+                               column_batches(Xs, batch_size_for(Xs.shape[1])), lam, learned_bias=True).diagnostics
     start_codes = SparseCodes.from_matrix(exact_codes(W, Xs, b, lam, tol=settings.tol, sparse_output=True).Z)
     live_start = start_codes.mass() > 0
     live_end = fit.codes.mass() > 0
@@ -287,16 +296,18 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     src = open_rows(data)
     if src.dim != cfg.d_in:
         raise ValueError(f"data have D = {src.dim} columns but the SAE has d_in = {cfg.d_in}")
-    W_dec = model.W_dec.detach().double().numpy()
-    norms = np.linalg.norm(W_dec, axis=1)
-    if np.any(norms == 0):
-        raise ValueError(f"{directory}: decoder rows {np.flatnonzero(norms == 0).tolist()[:10]} are zero; the "
-                         "dictionary cannot be normalised")
-    W = (W_dec / norms[:, None]).T  # (D, d_z) unit atoms
+    W_dec = model.W_dec.detach().cpu().numpy()  # (d_sae, d_in) in the model's dtype, not copied
+    try:
+        atoms = AtomRows.unit_rows_of(W_dec, s.device)
+    except ValueError as exc:
+        raise ValueError(f"{directory}: decoder rows: {exc}") from None
+    if s.latent_block is not None:
+        atoms.block_atoms = s.latent_block
+    norms = 1.0 / atoms.scale
     b = model.b_dec.detach().double().numpy()
-    N, d_z = src.n_rows, W.shape[1]
-    batch = s.batch_size or batch_size_for(d_z, N)
-    solver = CodeSolver(W, device=s.device)
+    N, d_z = src.n_rows, atoms.n_atoms
+    batch = s.batch_size or batch_size_for(N)
+    solver = CodeSolver(atoms=atoms)
     timings["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -311,10 +322,12 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
             raise ValueError(f"{directory}: {why}; give --lam (λ of objective (1)) or --lam auto")
         else:
             sample = src.sample(s.auto_tokens)
-            z_raw = _encoder_pass(model, sample)[0]
+            step = encoder_batch(sample.shape[0], d_z)
+            l0_count = sum(int(np.count_nonzero(_encoder_pass(model, sample[i:i + step])[0]))
+                           for i in range(0, sample.shape[0], step))
             x_in = model.input_normalisation.apply(torch.from_numpy(sample))[0].numpy().T
-            target = float(np.count_nonzero(z_raw)) / sample.shape[0]
-            found = lam_for_l0(W, x_in, b, target, tol=s.tol, solver=solver)
+            target = l0_count / sample.shape[0]
+            found = lam_for_l0(atoms, x_in, b, target, tol=s.tol, solver=solver)
             lam, lam_source = found.lam, "auto"
             lam_info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(sample.shape[0]),
                         "bisection_steps": found.iterations, "lam_max": found.lam_max,
@@ -324,41 +337,48 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     timings["lam"] = time.perf_counter() - t
     say(f"λ = {lam:.6g} ({lam_source})")
 
-    t = time.perf_counter()
-    first = _first_pass(model, src, solver, b, lam, s, batch, say)
-    timings["pass1_codes"] = time.perf_counter() - t
+    first = _first_pass(model, src, solver, b, lam, s, batch, say, timings)
 
     t = time.perf_counter()
     cols = first.sample_cols
-    labels, U, sample_gains = search_starts(first.X_in[:, cols] - b[:, None] - first.codes.decode_points(W, cols),
-                                            lam, W)
+    streamed = stream_diagnostics(atoms, first.codes, b, column_batches(first.X_in, batch), lam, sample_points=cols,
+                                  workers=torch.get_num_threads())
+    diag = streamed.diagnostics
+    timings["diagnostics"] = time.perf_counter() - t
+
+    t = time.perf_counter()  # new-atom starts on the residual sample; the antipodes' sample gains from the pass above
+    top = np.sort(np.argsort(-streamed.sample_antipode_gains, kind="stable")[:_REFINED_STARTS + NEW_ATOM_CANDIDATES])
+    R_sample = first.X_in[:, cols] - b[:, None] - first.codes.decode_points(atoms, cols)
+    labels, U, sample_gains = search_starts(R_sample, lam, antipodes=(top, atoms.unit_rows(top).T,
+                                                                      streamed.sample_antipode_gains[top]),
+                                            n_refine=_REFINED_STARTS)
     keep = np.sort(np.argsort(-sample_gains, kind="stable")[:NEW_ATOM_CANDIDATES])  # the rest: antipode_gain covers them
     labels, U = [labels[i] for i in keep], U[:, keep]
+    gains = candidate_gains(atoms, first.codes, b, column_batches(first.X_in, batch), lam, U)
+    search = best_of_candidates(labels, U, gains, N)
     timings["new_atom_search"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    streamed = stream_diagnostics(W, first.codes, b, column_batches(first.X_in, batch), lam, candidates=U,
-                                  device=s.device)
-    diag = streamed.diagnostics
-    search = best_of_candidates(labels, U, streamed.candidate_gains, N)
-    timings["diagnostics"] = time.perf_counter() - t
 
     t = time.perf_counter()
     optimum = huber_median(first.X_in, lam).objective
     gap = certified_gap(diag.objective, b, first.X_in, lam, learned_bias=False)
     timings["wide_limit"] = time.perf_counter() - t
 
+    t = time.perf_counter()
+    geometry = decoder_geometry(atoms, ANTIPODAL_COSINE, workers=torch.get_num_threads())
+    timings["decoder_geometry"] = time.perf_counter() - t
+
     hull = None
     if s.hull:  # the QPs of docs/theory.md §8 Q1: on the atoms where (5) is violated most, on a token sample
         t = time.perf_counter()
         cols = np.unique(np.linspace(0, N - 1, min(N, s.hull_tokens)).round().astype(np.int64))
-        atoms = np.argsort(-np.nan_to_num(diag.hull_per_atom, nan=-1.0), kind="stable")[:s.hull_atoms]
-        hull = hull_candidate_distances(W, first.codes.to_dense_points(cols), b, first.X_in[:, cols], lam,
-                                        tau_act=diag.tau_act, atoms=atoms)
+        worst = np.argsort(-np.nan_to_num(diag.hull_per_atom, nan=-1.0), kind="stable")[:s.hull_atoms]
+        hull = hull_candidate_distances(atoms.columns(), first.codes.to_dense_points(cols), b, first.X_in[:, cols],
+                                        lam, tau_act=diag.tau_act, atoms=worst)
         timings["hull"] = time.perf_counter() - t
 
+    t = time.perf_counter()
     report = summary(DictionaryCheck(
-        W=W, column_norms=norms, renormalised=bool(np.any(np.abs(norms - 1) > UNIT_NORM_RTOL)), b=b,
+        W=atoms, column_norms=norms, renormalised=bool(np.any(np.abs(norms - 1) > UNIT_NORM_RTOL)), b=b,
         bias_mode="b_dec", codes_kkt_violation=first.kkt_violation, diagnostics=diag, best_new_atom=search,
         hull=hull, wide_gap=diag.objective - optimum, certified_gap=gap.certified_gap,
         seconds=time.perf_counter() - t0))
@@ -372,16 +392,17 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
         amortisation_gap=None if first.signed else encoder_objective - diag.objective,
         encoder_firing_fraction=first.firing.tolist(),
         dense_latents=[int(d) for d in np.flatnonzero(first.firing > DENSE_FIRING)],
-        antipodal_pairs=antipodal_pairs(W_dec),
+        antipodal_pairs=geometry.pairs.tolist(),
         metrics=first.metrics,
         normalisation=model.input_normalisation.mode,
         notes=[n for n in (model.input_normalisation.note,) if n],
     )
+    timings["report"] = time.perf_counter() - t
     if s.polish:
         t = time.perf_counter()
         columns, held_out = _polish_split(N, s.polish_holdout, s.polish_tokens)
         n_polish = int(columns.size)
-        report["polish"] = _polish_report(W, b, first.X_in, lam, s, columns, held_out, say)
+        report["polish"] = _polish_report(atoms.columns(), b, first.X_in, lam, s, columns, held_out, say)
         if n_polish < 4 * d_z:
             report["notes"].append(f"polishing used {n_polish} tokens for {d_z} atoms: with fewer than ~4 tokens per "
                                    "atom, atoms can specialise to single tokens, so the polished point overfits")

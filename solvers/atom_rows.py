@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["AtomRows", "Screen", "exact_matmul_mode", "exact_products", "power_of_two_scales", "run_in_threads"]
+__all__ = ["AtomRows", "Screen", "ScreenedPairs", "exact_matmul_mode", "exact_products", "power_of_two_scales",
+           "run_in_threads", "screen_pairs", "atom_max_products"]
 
 _JIT = dict(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
@@ -75,6 +76,8 @@ class AtomRows:
         if scale.shape != (rows.shape[0],) or not np.all(np.isfinite(scale)) or np.any(scale < 0):
             raise ValueError("atom scales must be finite, non-negative, one per row")
         self.rows, self.scale, self.device = rows, scale, torch.device(device)
+        #: Atoms per block of a screened product (None: as many as keep a block near BLOCK_BYTES).
+        self.block_atoms: int | None = None
         self._screens: dict[str, Screen] = {}
         norms = self.norms_of_stored_rows()
         self.unit_norm_max = float(np.max(norms * scale, initial=0.0)) * (1.0 + 1e-12)
@@ -188,13 +191,13 @@ class Screen:
         """E_i ≥ |h̃_ij − h_ij| for every atom j, for rows scaled by ρ_i with ‖r̂_i‖ = rhat_norm."""
         return rho * (self.rel * rhat_norm * self.wmax + self.absolute)
 
-    def blocks(self, Rhat: torch.Tensor, lo: int = 0, hi: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        """(j0, H̃) with H̃ = r̂ᵢ·w_j for j = j0 … j0 + blocksize − 1, the scaled rows ``Rhat`` (n, D) already in
-        the screen's dtype on its device; blocks of atoms sized to :data:`BLOCK_BYTES`."""
-        hi = self.W.shape[0] if hi is None else hi
+    def blocks(self, Rhat: torch.Tensor, step: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(j0, H̃) with H̃ = r̂ᵢ·w_j for j = j0 … j0 + step − 1, the scaled rows ``Rhat`` (n, D) already in the
+        screen's dtype on its device; ``step`` atoms per block (None: blocks of about :data:`BLOCK_BYTES`)."""
+        hi = self.W.shape[0]
         n = max(1, Rhat.shape[0])
-        step = max(256, int(BLOCK_BYTES // (n * Rhat.element_size())))
-        for j0 in range(lo, hi, step):
+        step = step or max(256, int(BLOCK_BYTES // (n * Rhat.element_size())))
+        for j0 in range(0, hi, step):
             j1 = min(hi, j0 + step)
             with exact_matmul_mode():
                 H = Rhat @ self.W[j0:j1].T
@@ -294,3 +297,144 @@ def threshold_above(t: NDArray[np.float64]) -> torch.Tensor:
     t32 = t.astype(np.float32)
     t32 = np.where(t32.astype(np.float64) < t, np.nextafter(t32, np.float32(np.inf)), t32)
     return torch.from_numpy(t32)
+
+
+@dataclass(frozen=True)
+class ScreenedPairs:
+    """The pairs (row i, atom j) a screened product h̃_ij ≈ w_jᵀr_i cannot rule out of a query
+    (:func:`screen_pairs`), sorted by row then atom, with h̃ scaled back to the rows' scale (``screened``; NaN
+    for a pair only the ``top`` query kept), the
+    bound E_i per row, and ``certain``: per row, the atoms with h̃_ij > above_i + margin + E_i (so for sure
+    w_jᵀr_i > above_i + margin)."""
+
+    rows: NDArray[np.int64]
+    atoms: NDArray[np.int64]
+    screened: NDArray[np.float64]
+    bound: NDArray[np.float64]
+    certain: NDArray[np.int64]
+
+
+def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.float64] | None = None,
+                 margin: float = 0.0, below: NDArray[np.float64] | None = None, top: str | tuple[str, ...] = (),
+                 exclude: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None,
+                 scale: NDArray[np.float64] | None = None) -> ScreenedPairs:
+    """Every (i, j) whose product h_ij = w_jᵀr_i may satisfy one of the queries, for rows R (n, D) float64:
+
+    * ``above``: h_ij > above_i (pairs with h̃_ij > above_i − E_i);
+    * ``below``: h_ij < below_i (h̃_ij < below_i + E_i);
+    * ``top`` "max", "min" or "abs" (or several): j may attain the row's largest h_ij (smallest h_ij, largest
+      |h_ij|) over the atoms not in ``exclude`` (pairs (rows, atoms)): for "max", h̃_ij ≥ max_j' h̃_ij' − 2E_i,
+      kept from a running maximum over the blocks of atoms and filtered by the final one.
+
+    The others are certain not to (module docstring's bound E_i), so re-evaluating the pairs in float64
+    (:func:`exact_products`) answers each query exactly. A row uses the bfloat16 screen when that is fast here
+    and its bfloat16 bound is at most a quarter of ``scale_i`` (the magnitude its thresholds are compared at;
+    default ‖r_i‖), else float32."""
+    n = R.shape[0]
+    empty = np.zeros(0, np.int64)
+    bound = np.zeros(n)
+    certain = np.zeros(n, np.int64)
+    if n == 0:
+        return ScreenedPairs(empty, empty.copy(), np.zeros(0), bound, certain)
+    rho, rhat_norm = _scaled_norms(R)
+    fast = atoms.fast_screen()
+    if fast.precision == "bf16":
+        limit = 0.25 * (rho * rhat_norm if scale is None else scale)
+        narrow = fast.bounds(rho, rhat_norm) <= limit
+        groups = [(fast, np.flatnonzero(narrow)), (atoms.screen("fp32"), np.flatnonzero(~narrow))]
+    else:
+        groups = [(fast, np.arange(n))]
+    if exclude is not None:
+        ex_order = np.argsort(exclude[1], kind="stable")
+        ex_rows, ex_atoms = exclude[0][ex_order], exclude[1][ex_order]
+    parts: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]] = []
+    for screen, sel in groups:
+        if sel.size == 0:
+            continue
+        Rhat, rho_s, E = screen.prepare(R[sel])
+        bound[sel] = E
+        dev = Rhat.device
+        local = np.full(n, -1, np.int64)
+        local[sel] = np.arange(sel.size)
+        hi = lo = None
+        if above is not None:
+            lo = threshold_below((above[sel] - E) / rho_s).to(dev).unsqueeze(1)
+            hi = threshold_above((above[sel] + margin + E) / rho_s).to(dev).unsqueeze(1)
+        lo_below = None if below is None else threshold_above((below[sel] + E) / rho_s).to(dev).unsqueeze(1)
+        two_e = torch.from_numpy(2.0 * E / rho_s).to(dev)
+        tops = (top,) if isinstance(top, str) else tuple(top)
+        run_max = {kind: torch.full((sel.size,), -np.inf, dtype=torch.float64, device=dev) for kind in tops}
+        sure = torch.zeros(sel.size, dtype=torch.int64, device=dev)
+        top_parts: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {kind: [] for kind in tops}
+        for j0, H in screen.blocks(Rhat, atoms.block_atoms):
+            j1 = j0 + H.shape[1]
+            mask = None
+            if lo is not None:
+                mask = H > lo
+                sure += (H > hi).sum(dim=1)
+            if lo_below is not None:
+                mask = (H < lo_below) if mask is None else mask | (H < lo_below)
+            if mask is not None:
+                r, c = torch.nonzero(mask, as_tuple=True)
+                if r.numel():
+                    parts.append(_pairs_of(sel, r, c, j0, H, rho_s))
+            if tops and exclude is not None:
+                a, b = np.searchsorted(ex_atoms, [j0, j1])
+                rr = local[ex_rows[a:b]]
+                ok = rr >= 0
+                ex_r, ex_c = torch.from_numpy(rr[ok]).to(dev), torch.from_numpy(ex_atoms[a:b][ok] - j0).to(dev)
+            for kind in tops:
+                Hm = H.abs() if kind == "abs" else (-H if kind == "min" else H.clone())
+                if exclude is not None:
+                    Hm[ex_r, ex_c] = -np.inf
+                run_max[kind] = torch.maximum(run_max[kind], Hm.amax(dim=1).double())
+                r, c = torch.nonzero(Hm >= (run_max[kind] - two_e).unsqueeze(1), as_tuple=True)
+                if r.numel():
+                    top_parts[kind].append((r, c + j0, Hm[r, c].double()))
+        certain[sel] = sure.cpu().numpy()
+        for kind, tp in top_parts.items():
+            if not tp:
+                continue
+            r = torch.cat([p[0] for p in tp])
+            c = torch.cat([p[1] for p in tp])
+            v = torch.cat([p[2] for p in tp])
+            keep = v >= (run_max[kind] - two_e)[r]
+            r, c = r[keep].cpu().numpy(), c[keep].cpu().numpy()
+            parts.append((sel[r], c, np.full(r.size, np.nan)))
+    if not parts:
+        return ScreenedPairs(empty, empty.copy(), np.zeros(0), bound, certain)
+    pi = np.concatenate([p[0] for p in parts])
+    pj = np.concatenate([p[1] for p in parts])
+    hv = np.concatenate([p[2] for p in parts])
+    key = pi * atoms.n_atoms + pj
+    key, first = np.unique(key, return_index=True)  # a pair in several queries once, sorted by row then atom
+    return ScreenedPairs(pi[first], pj[first], hv[first], bound, certain)
+
+
+def _pairs_of(sel, r: torch.Tensor, c: torch.Tensor, j0: int, H: torch.Tensor, rho: NDArray[np.float64]):
+    """(rows, atoms, screened values scaled back) of a block's selected entries."""
+    r_np = r.cpu().numpy()
+    return sel[r_np], c.cpu().numpy() + j0, H[r, c].double().cpu().numpy() * rho[r_np]
+
+
+def _scaled_norms(R: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(ρ, ‖r̂‖) of :meth:`Screen.prepare` without scaling the rows."""
+    norms = np.linalg.norm(R, axis=1)
+    rho = power_of_two_scales(norms)
+    return rho, norms / rho * (1.0 + 1e-12)
+
+
+def atom_max_products(atoms: AtomRows, V: NDArray[np.float64], workers: int = 1,
+                      block: int = 4096) -> NDArray[np.float64]:
+    """max_k |w_kᵀv_d| over every atom k, exactly, for each row v_d of V (n, D): the screened products keep
+    the atoms that may attain it (:func:`screen_pairs`, ``top="abs"``) and
+    those are re-evaluated in float64; blocks of rows."""
+    out = np.zeros(V.shape[0])
+    for lo in range(0, V.shape[0], block):
+        Vb = np.ascontiguousarray(V[lo:lo + block])
+        pairs = screen_pairs(atoms, Vb, top="abs")
+        h = np.abs(exact_products(atoms, Vb, pairs.rows, pairs.atoms, workers))
+        res = np.zeros(Vb.shape[0])
+        np.maximum.at(res, pairs.rows, h)
+        out[lo:lo + block] = res
+    return out

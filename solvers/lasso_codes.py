@@ -65,7 +65,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.solvers.active_set import STATUS_OPTIMAL, classify_pairs, solve_on_candidates, write_rows
-from dictcheck.solvers.atom_rows import U_FP32, AtomRows, exact_products, run_in_threads, threshold_above, threshold_below
+from dictcheck.solvers.atom_rows import U_FP32, AtomRows, exact_products, run_in_threads, screen_pairs
 from dictcheck.theory.scaling import canonical_scale
 
 __all__ = ["CodeSolver", "ExactCodes", "exact_codes", "kkt_violation"]
@@ -248,9 +248,6 @@ _CAP_MAX = 4096
 # A batch holds at most this many entries of Gram blocks and as many of their Cholesky factors (n·M² float64
 # each: 64 MiB).
 _GRAM_ENTRIES = 1 << 23
-# The bfloat16 screen is used for a row only while its bound stays below this fraction of λ (a wider band
-# costs more exact re-evaluations than the float32 product saves).
-_BF16_BAND = 0.25
 
 def _join_count(k: NDArray[np.int64], count: NDArray[np.int64]) -> NDArray[np.int64]:
     """How many of a point's ``count`` violators outside C join C, with |P| = k."""
@@ -265,63 +262,13 @@ GRAM_CACHE_BYTES = 256 << 20
 _ACTIVE, _DONE, _FALLBACK, _OVERFLOW = 0, 1, 2, 3
 
 
-@dataclass(frozen=True)
-class ScreenedPairs:
-    """The atoms a screened product cannot rule out (module docstring, step 2), for rows r_i (float64): every
-    (i, j) with h̃_ij > λ − E_i, sorted by row then atom, with the screened value h̃ (scaled back); ``bound``
-    E_i; ``certain`` the number of atoms per row with h̃_ij > λ + margin + E_i (so g_ij > margin for sure)."""
-
-    rows: NDArray[np.int64]
-    atoms: NDArray[np.int64]
-    screened: NDArray[np.float64]
-    bound: NDArray[np.float64]
-    certain: NDArray[np.int64]
-
-
-def screened_pairs(atoms: AtomRows, R: NDArray[np.float64], lam: float, margin: float = 0.0) -> ScreenedPairs:
-    """:class:`ScreenedPairs` of the rows R (n, D) at λ: rows whose bound is narrow compared with λ use the
-    bfloat16 screen where it is fast, the others float32; every atom with g_ij = w_jᵀr_i − λ > 0 is among the
-    pairs, and the others certainly have g_ij < 0."""
-    n = R.shape[0]
-    fast = atoms.fast_screen()
-    if fast.precision == "bf16" and n:
-        narrow = fast.bounds(*_scaled_norms(R)) <= _BF16_BAND * lam
-        groups = [(fast, np.flatnonzero(narrow)), (atoms.screen("fp32"), np.flatnonzero(~narrow))]
-    else:
-        groups = [(fast if fast.precision == "fp32" else atoms.screen("fp32"), np.arange(n))]
-    rows_l, atoms_l, vals_l = [], [], []
-    bound = np.zeros(n)
-    certain = np.zeros(n, np.int64)
-    for screen, sel in groups:
-        if sel.size == 0:
-            continue
-        Rhat, rho, E = screen.prepare(R[sel])
-        bound[sel] = E
-        dev = Rhat.device
-        lo = threshold_below((lam - E) / rho).to(dev).unsqueeze(1)
-        hi = threshold_above((lam + margin + E) / rho).to(dev).unsqueeze(1)
-        sure = torch.zeros(sel.size, dtype=torch.int64, device=dev)
-        for j0, H in screen.blocks(Rhat):
-            r, c = torch.nonzero(H > lo, as_tuple=True)
-            sure += (H > hi).sum(dim=1)
-            if r.numel():
-                rows_l.append(sel[r.cpu().numpy()])
-                atoms_l.append(c.cpu().numpy() + j0)
-                vals_l.append(H[r, c].double().cpu().numpy() * rho[r.cpu().numpy()])
-        certain[sel] = sure.cpu().numpy()
-    if not rows_l:
-        e = np.zeros(0, np.int64)
-        return ScreenedPairs(e, e.copy(), np.zeros(0), bound, certain)
-    pi, pj, h = np.concatenate(rows_l), np.concatenate(atoms_l), np.concatenate(vals_l)
-    order = np.argsort(pi, kind="stable")  # each block's pairs come by row, then atom; blocks by atom
-    return ScreenedPairs(pi[order], pj[order], h[order], bound, certain)
-
-
 def exact_violations(atoms: AtomRows, R: NDArray[np.float64], lam: float, workers: int = 1,
                      ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
-    """The pairs of :func:`screened_pairs` with g_ij = w_jᵀr_i − λ re-evaluated in float64: (rows, atoms, g)."""
-    sp_ = screened_pairs(atoms, R, lam)
-    return sp_.rows, sp_.atoms, exact_products(atoms, R, sp_.rows, sp_.atoms, workers) - lam
+    """Every (i, j) the screen cannot rule out of g_ij = w_jᵀr_i − λ > 0 (module docstring, step 2), with g_ij
+    in float64: (rows, atoms, g); the other atoms certainly have g_ij < 0."""
+    lam_n = np.full(R.shape[0], lam)
+    pairs = screen_pairs(atoms, R, above=lam_n, scale=lam_n)
+    return pairs.rows, pairs.atoms, exact_products(atoms, R, pairs.rows, pairs.atoms, workers) - lam
 
 
 def top_screened(atoms: AtomRows, R: NDArray[np.float64], m: int) -> NDArray[np.int64]:
@@ -332,21 +279,12 @@ def top_screened(atoms: AtomRows, R: NDArray[np.float64], m: int) -> NDArray[np.
     Rhat, _, _ = screen.prepare(R)
     best_v = torch.full((R.shape[0], 0), -np.inf, device=Rhat.device)
     best_j = torch.zeros((R.shape[0], 0), dtype=torch.int64, device=Rhat.device)
-    for j0, H in screen.blocks(Rhat):
+    for j0, H in screen.blocks(Rhat, atoms.block_atoms):
         v, j = torch.topk(H.float(), min(m, H.shape[1]), dim=1)
         best_v, order = torch.topk(torch.cat([best_v, v], dim=1), min(m, best_v.shape[1] + v.shape[1]), dim=1)
         best_j = torch.gather(torch.cat([best_j, j + j0], dim=1), 1, order)
     best_j = torch.where(best_v > 0, best_j, torch.full_like(best_j, -1))
     return np.sort(best_j.cpu().numpy(), axis=1)
-
-
-def _scaled_norms(R: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """(ρ, ‖r̂‖) of :meth:`Screen.prepare` without scaling the rows."""
-    from dictcheck.solvers.atom_rows import power_of_two_scales
-
-    norms = np.linalg.norm(R, axis=1)
-    rho = power_of_two_scales(norms)
-    return rho, norms / rho * (1.0 + 1e-12)
 
 
 @dataclass
@@ -528,7 +466,7 @@ def _gram_pass(atoms: AtomRows, gram: tuple[NDArray[np.float64], NDArray[np.floa
     lam, d_z, D = rounds.lam, atoms.n_atoms, atoms.dim
     screen = atoms.screen("fp32")
     Rhat, rho, E = screen.prepare(Xc)
-    H = torch.cat([h for _, h in screen.blocks(Rhat)], dim=1).double().numpy()
+    H = torch.cat([h for _, h in screen.blocks(Rhat, atoms.block_atoms)], dim=1).double().numpy()
     rhat_norm = np.linalg.norm(Xc, axis=1) / rho
     q_bound = rho * rhat_norm * screen.wmax * (1.0 + screen.rel) + lam
     if float(q_bound.max(initial=0.0)) * screen.wmax * D < _SCREEN_MAX:
@@ -634,7 +572,8 @@ class _Rounds:
             return
         d_z, lam = self.atoms.n_atoms, self.lam
         R = batch.R[act]
-        pairs = screened_pairs(self.atoms, R, lam, self.eps)
+        lam_n = np.full(act.size, lam)
+        pairs = screen_pairs(self.atoms, R, above=lam_n, margin=self.eps, scale=lam_n)
         pi, pj = pairs.rows, pairs.atoms
         last = batch.checks[act] + 1 >= self.max_iter  # the last check measures every point exactly
         proven = (pairs.certain > 0) & ~last

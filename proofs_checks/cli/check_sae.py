@@ -92,6 +92,8 @@ def check_sae(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck check-sae``."""
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.latent_block is not None and args.latent_block < 1:
+        raise UserError(f"--latent-block must be >= 1, got {args.latent_block}")
     if min(args.polish_tokens or 1, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:
         raise UserError("--polish-tokens, --polish-iters, --hull-atoms and --hull-tokens must be >= 1")
     if not 0.0 <= args.polish_holdout < 1.0:
@@ -99,7 +101,7 @@ def check_sae(args: argparse.Namespace) -> int:
     if isinstance(args.lam, float):
         positive_lambda(args.lam)
     scan_points_file(args.data)  # an .npy file: format, dtype, shape, finite, magnitude (stores check themselves)
-    settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull, hull_atoms=args.hull_atoms,
+    settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, latent_block=args.latent_block, hull=args.hull, hull_atoms=args.hull_atoms,
                                 hull_tokens=args.hull_tokens, polish=args.polish,
                                 polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
                                 polish_holdout=args.polish_holdout, device=args.device, progress=sys.stderr.isatty() and not args.json)
@@ -140,7 +142,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    "on --hull-tokens evenly spaced tokens")
     p.add_argument("--hull-atoms", type=int, default=32, metavar="A", help="atoms --hull measures (default 32)")
     p.add_argument("--hull-tokens", type=int, default=2048, metavar="N", help="tokens --hull uses (default 2048)")
-    p.add_argument("--batch-size", type=int, metavar="B", help="tokens per batch (default: sized for ~512 MB)")
+    p.add_argument("--batch-size", type=int, metavar="B", help="tokens per batch of the streamed passes (default "
+                   "4096; the encoder takes fewer at a time when d_sae is large)")
+    p.add_argument("--latent-block", type=int, metavar="L", help="atoms per block of the screened products of tokens "
+                   "with every atom (default: blocks of about 256 MiB)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda for the streamed diagnostics and exact codes")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(handler=check_sae)

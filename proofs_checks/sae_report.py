@@ -46,6 +46,7 @@ from dictcheck.empirics.data.row_source import RowSource, open_rows
 from dictcheck.empirics.io.formats import load_any_sae
 from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.proofs_checks.dictionary_report import summary
+from dictcheck.proofs_checks.sae_budget import available_memory, estimate_memory, refuse_if_too_large
 from dictcheck.solvers.atom_rows import AtomRows
 from dictcheck.solvers.decoder_geometry import ANTIPODAL_COSINE, decoder_geometry
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
@@ -307,6 +308,10 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     b = model.b_dec.detach().double().numpy()
     N, d_z = src.n_rows, atoms.n_atoms
     batch = s.batch_size or batch_size_for(N)
+    estimate = estimate_memory(d_z, cfg.d_in, N, W_dec.itemsize, W_dec.dtype == np.float32, batch,
+                               encoder_batch(batch, d_z), getattr(model, "k", None), s.latent_block, s.device)
+    refuse_if_too_large(estimate, available_memory(), d_sae=d_z, batch=batch, encoder_batch=encoder_batch(batch, d_z),
+                        latent_block=s.latent_block)
     solver = CodeSolver(atoms=atoms)
     timings["load"] = time.perf_counter() - t0
 

@@ -285,18 +285,33 @@ def run_in_threads(fn, n: int, workers: int, parts_per_worker: int = 1) -> None:
         list(pool.map(lambda w: fn(cuts[w], cuts[w + 1]), range(parts)))
 
 
-def threshold_below(t: NDArray[np.float64]) -> torch.Tensor:
-    """t rounded down to float32 (a comparison h̃ > t32 then keeps every h̃ > t): per-row thresholds."""
+def _bf16_round(t32: NDArray[np.float32], up: bool) -> NDArray[np.float32]:
+    """float32 values rounded to bfloat16 (the upper 16 bits), down (or up) to the nearest representable."""
+    bits = t32.view(np.uint32)
+    trunc = (bits & np.uint32(0xFFFF0000)).view(np.float32)  # towards zero
+    away = ((bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000)).view(np.float32)
+    inexact = trunc != t32
+    wrong_way = (t32 > 0) if up else (t32 < 0)
+    return np.where(inexact & wrong_way & np.isfinite(t32), away, trunc)
+
+
+def threshold_below(t: NDArray[np.float64], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """t rounded down to ``dtype`` (float32 or bfloat16): a comparison h̃ > t̃ in that dtype then keeps every
+    h̃ > t (per-row thresholds, compared without promoting the products)."""
     t32 = t.astype(np.float32)
     t32 = np.where(t32.astype(np.float64) > t, np.nextafter(t32, np.float32(-np.inf)), t32)
-    return torch.from_numpy(t32)
+    if dtype == torch.bfloat16:
+        t32 = _bf16_round(t32, up=False)
+    return torch.from_numpy(t32).to(dtype)
 
 
-def threshold_above(t: NDArray[np.float64]) -> torch.Tensor:
-    """t rounded up to float32 (h̃ < t32 keeps every h̃ < t)."""
+def threshold_above(t: NDArray[np.float64], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """t rounded up to ``dtype`` (h̃ < t̃ keeps every h̃ < t)."""
     t32 = t.astype(np.float32)
     t32 = np.where(t32.astype(np.float64) < t, np.nextafter(t32, np.float32(np.inf)), t32)
-    return torch.from_numpy(t32)
+    if dtype == torch.bfloat16:
+        t32 = _bf16_round(t32, up=True)
+    return torch.from_numpy(t32).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -358,9 +373,10 @@ def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.f
         local[sel] = np.arange(sel.size)
         hi = lo = None
         if above is not None:
-            lo = threshold_below((above[sel] - E) / rho_s).to(dev).unsqueeze(1)
-            hi = threshold_above((above[sel] + margin + E) / rho_s).to(dev).unsqueeze(1)
-        lo_below = None if below is None else threshold_above((below[sel] + E) / rho_s).to(dev).unsqueeze(1)
+            lo = threshold_below((above[sel] - E) / rho_s, screen.dtype).to(dev).unsqueeze(1)
+            hi = threshold_above((above[sel] + margin + E) / rho_s, screen.dtype).to(dev).unsqueeze(1)
+        lo_below = (None if below is None else
+                    threshold_above((below[sel] + E) / rho_s, screen.dtype).to(dev).unsqueeze(1))
         two_e = torch.from_numpy(2.0 * E / rho_s).to(dev)
         tops = (top,) if isinstance(top, str) else tuple(top)
         run_max = {kind: torch.full((sel.size,), -np.inf, dtype=torch.float64, device=dev) for kind in tops}
@@ -371,7 +387,7 @@ def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.f
             mask = None
             if lo is not None:
                 mask = H > lo
-                sure += (H > hi).sum(dim=1)
+                sure += torch.count_nonzero(H > hi, dim=1)
             if lo_below is not None:
                 mask = (H < lo_below) if mask is None else mask | (H < lo_below)
             if mask is not None:
@@ -388,7 +404,8 @@ def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.f
                 if exclude is not None:
                     Hm[ex_r, ex_c] = -np.inf
                 run_max[kind] = torch.maximum(run_max[kind], Hm.amax(dim=1).double())
-                r, c = torch.nonzero(Hm >= (run_max[kind] - two_e).unsqueeze(1), as_tuple=True)
+                band = threshold_below((run_max[kind] - two_e).cpu().numpy(), screen.dtype).to(dev)
+                r, c = torch.nonzero(Hm >= band.unsqueeze(1), as_tuple=True)
                 if r.numel():
                     top_parts[kind].append((r, c + j0, Hm[r, c].double()))
         certain[sel] = sure.cpu().numpy()

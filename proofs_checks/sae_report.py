@@ -56,6 +56,7 @@ from dictcheck.solvers.lasso_codes import CodeSolver, exact_codes
 from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import best_of_candidates, search_starts
 from dictcheck.solvers.polish import exact_code_objective, polish_dictionary
+from dictcheck.solvers.reductions import LOCAL, Reduction
 from dictcheck.solvers.stream_diagnostics import (
     SparseCodes,
     batch_size_for,
@@ -160,17 +161,18 @@ def encoder_batch(batch: int, d_sae: int) -> int:
 
 def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArray, lam: float,
                 settings: SaeCheckSettings, batch: int, log: Callable[[str], None],
-                timings: dict[str, float]) -> _FirstPass:
-    """The SAE's codes and output, the metrics and the encoder's objective, streamed (encoder batches sized to
-    d_sae); then the exact codes of its decoder on all tokens in one call, warm-started from the encoder's
-    supports when ``settings.warm_start``."""
+                timings: dict[str, float], reduce: Reduction, n_total: int, sample_cols: NDArray) -> _FirstPass:
+    """The SAE's codes and output, the metrics and the encoder's objective, streamed over this process's tokens
+    ``src`` (encoder batches sized to d_sae); then the exact codes of its decoder on them in one call,
+    warm-started from the encoder's supports when ``settings.warm_start``. Sums over tokens are combined by
+    ``reduce`` (``n_total`` tokens in all)."""
     t = time.perf_counter()
     atoms = solver.atoms
     N, D, d_z = src.n_rows, src.dim, atoms.n_atoms
-    x_mean = np.zeros(D)
+    x_sum = np.zeros(D)
     for _, rows in src.batches(batch):
-        x_mean += rows.sum(axis=0)
-    metrics = StreamingMetrics(x_mean / N, d_z)
+        x_sum += rows.sum(axis=0)
+    metrics = StreamingMetrics(reduce.sum(x_sum) / n_total, d_z)
     X_in = np.empty((D, N))
     encoder_parts: list[SparseCodes] = []
     enc_sum, signed = 0.0, False
@@ -188,8 +190,11 @@ def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArra
         bar.update(rows.shape[0])
     bar.close()
     encoder = SparseCodes.concatenate(encoder_parts, N, d_z)
+    parts = reduce.gather(metrics)
+    for other in parts[1:]:
+        parts[0] = parts[0].merged(other)
     try:
-        metric_values: dict[str, Any] = metrics.result()
+        metric_values: dict[str, Any] = parts[0].result()
     except ValueError as exc:  # e.g. zero-variance data: the theory checks still stand
         metric_values = {"metrics_error": str(exc)}
     timings["encoder_pass"] = time.perf_counter() - t
@@ -197,12 +202,13 @@ def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArra
     ex = solver.codes(X_in, b, lam, tol=settings.tol, sparse_output=True, progress=settings.progress,
                       init=encoder.to_matrix() if settings.warm_start else None)
     timings["exact_codes"] = time.perf_counter() - t
-    log(f"pass 1 done: {N} tokens, exact codes' KKT violation {ex.kkt_violation:.2e}")
-    stride = max(1, N // max(settings.search_tokens, 1))
-    return _FirstPass(codes=SparseCodes.from_matrix(ex.Z), X_in=X_in, encoder_objective_sum=enc_sum,
-                      signed=signed, l0_sae=encoder.nnz / N, firing=np.bincount(encoder.atoms, minlength=d_z) / N,
-                      kkt_violation=ex.kkt_violation, metrics=metric_values,
-                      sample_cols=np.arange(0, N, stride)[:settings.search_tokens])
+    kkt = float(reduce.max(np.array([ex.kkt_violation]))[0])
+    log(f"pass 1 done: {n_total} tokens, exact codes' KKT violation {kkt:.2e}")
+    totals = reduce.sum(np.concatenate([[enc_sum, encoder.nnz, float(signed)],
+                                        np.bincount(encoder.atoms, minlength=d_z).astype(np.float64)]))
+    return _FirstPass(codes=SparseCodes.from_matrix(ex.Z), X_in=X_in, encoder_objective_sum=float(totals[0]),
+                      signed=bool(totals[2] > 0), l0_sae=float(totals[1]) / n_total, firing=totals[3:] / n_total,
+                      kkt_violation=kkt, metrics=metric_values, sample_cols=sample_cols)
 
 
 class _NoBar:
@@ -279,11 +285,21 @@ def _polish_report(W: NDArray, b: NDArray, X: NDArray, lam: float, settings: Sae
     }
 
 
+def _token_range(n: int, reduce: Reduction) -> tuple[int, int]:
+    """This process's contiguous share of n tokens: [n·r/P, n·(r+1)/P)."""
+    return n * reduce.rank // reduce.size, n * (reduce.rank + 1) // reduce.size
+
+
 def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = None,
-               log: Callable[[str], None] | None = None) -> dict[str, Any]:
+               log: Callable[[str], None] | None = None, reduce: Reduction = LOCAL) -> dict[str, Any]:
     """Everything ``check-sae`` reports (module docstring): the JSON object of ``check-sae --json``.
 
-    ``data``: an (N, D) array, an ``.npy`` path or an activation store folder, one token per row.
+    ``data``: an (N, D) array, an ``.npy`` path or an activation store folder, one token per row. With ``reduce``
+    over P processes (``check-sae --nproc P`` or torchrun) each process takes a contiguous 1/P of the tokens,
+    every sum over tokens is combined (:class:`~dictcheck.solvers.reductions.Reduction`), λ auto's bisection
+    and the samples are those of all tokens, the per-atom work is split by blocks of atoms, and the wide limit,
+    the hull distances and polishing see all tokens (gathered); every process returns the report of all
+    tokens, equal to one process's up to the order of floating-point sums.
     ValueError (one line; :class:`SaeFormatError` for the folder) for input it cannot check."""
     s = settings or SaeCheckSettings()
     say = log or (lambda msg: None)
@@ -294,9 +310,16 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     if arch.family != "sae":
         raise ValueError(f"{directory}: check-sae checks linear SAEs; architecture {model.arch!r} is a {arch.family} "
                          "featurizer")
-    src = open_rows(data)
-    if src.dim != cfg.d_in:
-        raise ValueError(f"data have D = {src.dim} columns but the SAE has d_in = {cfg.d_in}")
+    src_all = open_rows(data)
+    if src_all.dim != cfg.d_in:
+        raise ValueError(f"data have D = {src_all.dim} columns but the SAE has d_in = {cfg.d_in}")
+    N = src_all.n_rows
+    first_token, last_token = _token_range(N, reduce)
+    src = src_all.part(first_token, last_token)
+
+    def local(idx: NDArray[np.int64]) -> NDArray[np.int64]:
+        return idx[(idx >= first_token) & (idx < last_token)] - first_token
+
     W_dec = model.W_dec.detach().cpu().numpy()  # (d_sae, d_in) in the model's dtype, not copied
     try:
         atoms = AtomRows.unit_rows_of(W_dec, s.device)
@@ -306,13 +329,15 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
         atoms.block_atoms = s.latent_block
     norms = 1.0 / atoms.scale
     b = model.b_dec.detach().double().numpy()
-    N, d_z = src.n_rows, atoms.n_atoms
-    batch = s.batch_size or batch_size_for(N)
-    estimate = estimate_memory(d_z, cfg.d_in, N, W_dec.itemsize, W_dec.dtype == np.float32, batch,
-                               encoder_batch(batch, d_z), getattr(model, "k", None), s.latent_block, s.device)
+    d_z = atoms.n_atoms
+    batch = s.batch_size or batch_size_for(src.n_rows)
+    estimate = estimate_memory(d_z, cfg.d_in, N if reduce.size == 1 else 2 * src.n_rows + N, W_dec.itemsize,
+                               W_dec.dtype == np.float32, batch, encoder_batch(batch, d_z), getattr(model, "k", None),
+                               s.latent_block, s.device)
     refuse_if_too_large(estimate, available_memory(), d_sae=d_z, batch=batch, encoder_batch=encoder_batch(batch, d_z),
                         latent_block=s.latent_block)
     solver = CodeSolver(atoms=atoms)
+    workers = torch.get_num_threads()
     timings["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -326,15 +351,16 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
         elif s.lam is None and model.arch in ("relu", "abs"):
             raise ValueError(f"{directory}: {why}; give --lam (λ of objective (1)) or --lam auto")
         else:
-            sample = src.sample(s.auto_tokens)
-            step = encoder_batch(sample.shape[0], d_z)
+            idx = src_all.sample_indices(s.auto_tokens)
+            sample = src.rows_at(local(idx))
+            step = encoder_batch(max(1, sample.shape[0]), d_z)
             l0_count = sum(int(np.count_nonzero(_encoder_pass(model, sample[i:i + step])[0]))
                            for i in range(0, sample.shape[0], step))
             x_in = model.input_normalisation.apply(torch.from_numpy(sample))[0].numpy().T
-            target = l0_count / sample.shape[0]
-            found = lam_for_l0(atoms, x_in, b, target, tol=s.tol, solver=solver)
+            target = float(reduce.sum(np.array([l0_count], dtype=np.float64))[0]) / idx.size
+            found = lam_for_l0(atoms, x_in, b, target, tol=s.tol, solver=solver, reduce=reduce)
             lam, lam_source = found.lam, "auto"
-            lam_info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(sample.shape[0]),
+            lam_info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(idx.size),
                         "bisection_steps": found.iterations, "lam_max": found.lam_max,
                         "note": "λ at which the exact codes' mean L0 equals the SAE's on an evenly spaced sample"}
     if not (math.isfinite(lam) and lam > 0):
@@ -342,43 +368,48 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     timings["lam"] = time.perf_counter() - t
     say(f"λ = {lam:.6g} ({lam_source})")
 
-    first = _first_pass(model, src, solver, b, lam, s, batch, say, timings)
+    stride = max(1, N // max(s.search_tokens, 1))
+    search_cols = np.arange(0, N, stride)[:s.search_tokens]
+    first = _first_pass(model, src, solver, b, lam, s, batch, say, timings, reduce, N, local(search_cols))
 
     t = time.perf_counter()
     cols = first.sample_cols
     streamed = stream_diagnostics(atoms, first.codes, b, column_batches(first.X_in, batch), lam, sample_points=cols,
-                                  workers=torch.get_num_threads())
+                                  workers=workers, reduce=reduce)
     diag = streamed.diagnostics
     timings["diagnostics"] = time.perf_counter() - t
 
     t = time.perf_counter()  # new-atom starts on the residual sample; the antipodes' sample gains from the pass above
     top = np.sort(np.argsort(-streamed.sample_antipode_gains, kind="stable")[:_REFINED_STARTS + NEW_ATOM_CANDIDATES])
-    R_sample = first.X_in[:, cols] - b[:, None] - first.codes.decode_points(atoms, cols)
+    R_sample = np.concatenate(reduce.gather(first.X_in[:, cols] - b[:, None] - first.codes.decode_points(atoms, cols)),
+                              axis=1)
     labels, U, sample_gains = search_starts(R_sample, lam, antipodes=(top, atoms.unit_rows(top).T,
                                                                       streamed.sample_antipode_gains[top]),
                                             n_refine=_REFINED_STARTS)
     keep = np.sort(np.argsort(-sample_gains, kind="stable")[:NEW_ATOM_CANDIDATES])  # the rest: antipode_gain covers them
     labels, U = [labels[i] for i in keep], U[:, keep]
-    gains = candidate_gains(atoms, first.codes, b, column_batches(first.X_in, batch), lam, U)
+    gains = candidate_gains(atoms, first.codes, b, column_batches(first.X_in, batch), lam, U, reduce=reduce)
     search = best_of_candidates(labels, U, gains, N)
     timings["new_atom_search"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    optimum = huber_median(first.X_in, lam).objective
-    gap = certified_gap(diag.objective, b, first.X_in, lam, learned_bias=False)
+    X_all = first.X_in if reduce.size == 1 else np.concatenate(reduce.gather(first.X_in), axis=1)
+    optimum = huber_median(X_all, lam).objective
+    gap = certified_gap(diag.objective, b, X_all, lam, learned_bias=False)
     timings["wide_limit"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    geometry = decoder_geometry(atoms, ANTIPODAL_COSINE, workers=torch.get_num_threads())
+    geometry = decoder_geometry(atoms, ANTIPODAL_COSINE, workers=workers, reduce=reduce)
     timings["decoder_geometry"] = time.perf_counter() - t
 
     hull = None
     if s.hull:  # the QPs of docs/theory.md §8 Q1: on the atoms where (5) is violated most, on a token sample
         t = time.perf_counter()
-        cols = np.unique(np.linspace(0, N - 1, min(N, s.hull_tokens)).round().astype(np.int64))
+        hull_cols = np.unique(np.linspace(0, N - 1, min(N, s.hull_tokens)).round().astype(np.int64))
         worst = np.argsort(-np.nan_to_num(diag.hull_per_atom, nan=-1.0), kind="stable")[:s.hull_atoms]
-        hull = hull_candidate_distances(atoms.columns(), first.codes.to_dense_points(cols), b, first.X_in[:, cols],
-                                        lam, tau_act=diag.tau_act, atoms=worst)
+        Z_hull = np.concatenate(reduce.gather(first.codes.to_dense_points(local(hull_cols))), axis=1)
+        hull = hull_candidate_distances(atoms.columns(), Z_hull, b, X_all[:, hull_cols], lam, tau_act=diag.tau_act,
+                                        atoms=worst)
         timings["hull"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -389,9 +420,9 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
         seconds=time.perf_counter() - t0))
     encoder_objective = first.encoder_objective_sum / N
     report.update(
-        arch=model.arch, format=fmt, d_in=cfg.d_in, d_sae=cfg.d_sae, n_tokens=N, data=src.name,
+        arch=model.arch, format=fmt, d_in=cfg.d_in, d_sae=cfg.d_sae, n_tokens=N, data=src_all.name,
         lam=lam, lam_source=lam_source, lam_details=lam_info,
-        l0_sae=first.l0_sae, l0_exact=first.codes.nnz / N,
+        l0_sae=first.l0_sae, l0_exact=float(reduce.sum(np.array([first.codes.nnz], dtype=np.float64))[0]) / N,
         signed_codes=first.signed,
         encoder_objective=None if first.signed else encoder_objective,
         amortisation_gap=None if first.signed else encoder_objective - diag.objective,
@@ -402,12 +433,15 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
         normalisation=model.input_normalisation.mode,
         notes=[n for n in (model.input_normalisation.note,) if n],
     )
+    report["n_processes"] = reduce.size
     timings["report"] = time.perf_counter() - t
-    if s.polish:
+    if s.polish:  # on the first process, with every token; the others wait for its result
         t = time.perf_counter()
         columns, held_out = _polish_split(N, s.polish_holdout, s.polish_tokens)
         n_polish = int(columns.size)
-        report["polish"] = _polish_report(atoms.columns(), b, first.X_in, lam, s, columns, held_out, say)
+        part = (_polish_report(atoms.columns(), b, X_all, lam, s, columns, held_out, say)
+                if reduce.rank == 0 else None)
+        report["polish"] = reduce.gather(part)[0]
         if n_polish < 4 * d_z:
             report["notes"].append(f"polishing used {n_polish} tokens for {d_z} atoms: with fewer than ~4 tokens per "
                                    "atom, atoms can specialise to single tokens, so the polished point overfits")

@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dictcheck.solvers.atom_rows import AtomRows, exact_products, screen_pairs
+from dictcheck.solvers.reductions import LOCAL, Reduction
 
 __all__ = ["DecoderGeometry", "decoder_geometry", "ANTIPODAL_COSINE"]
 
@@ -44,9 +45,10 @@ class DecoderGeometry:
 
 
 def decoder_geometry(atoms: AtomRows, threshold: float = ANTIPODAL_COSINE, workers: int = 1,
-                     block: int = _BLOCK) -> DecoderGeometry:
+                     block: int = _BLOCK, reduce: Reduction = LOCAL) -> DecoderGeometry:
     """The pairs and neighbours of the module docstring for unit atoms (scales as stored: give
-    :meth:`AtomRows.unit_rows_of` for a decoder)."""
+    :meth:`AtomRows.unit_rows_of` for a decoder). With ``reduce`` over several processes each takes every
+    size-th block of atoms and all receive the whole result."""
     d_z = atoms.n_atoms
     nearest = np.full(d_z, -1, np.int64)
     antipodal = np.full(d_z, -1, np.int64)
@@ -54,7 +56,7 @@ def decoder_geometry(atoms: AtomRows, threshold: float = ANTIPODAL_COSINE, worke
     antipodal_cos = np.full(d_z, np.nan)
     pair_l: list[NDArray[np.int64]] = []
     cos_l: list[NDArray[np.float64]] = []
-    for lo in range(0, d_z, block):
+    for lo in range(reduce.rank * block, d_z, reduce.size * block):
         hi = min(d_z, lo + block)
         V = np.ascontiguousarray(atoms.unit_block(lo, hi))
         n = hi - lo
@@ -75,6 +77,14 @@ def decoder_geometry(atoms: AtomRows, threshold: float = ANTIPODAL_COSINE, worke
             val[rows[best] + lo] = c[best]
     P = np.concatenate(pair_l) if pair_l else np.zeros((0, 2), np.int64)
     C = np.concatenate(cos_l) if cos_l else np.zeros(0)
+    if reduce.size > 1:
+        parts = reduce.gather((P, C, nearest, nearest_cos, antipodal, antipodal_cos))
+        P = np.concatenate([p[0] for p in parts])
+        C = np.concatenate([p[1] for p in parts])
+        for p in parts:
+            done = p[2] >= 0
+            nearest[done], nearest_cos[done] = p[2][done], p[3][done]
+            antipodal[done], antipodal_cos[done] = p[4][done], p[5][done]
     order = np.lexsort((P[:, 1], P[:, 0]))
     return DecoderGeometry(pairs=P[order], pair_cosines=C[order], nearest=nearest, nearest_cosine=nearest_cos,
                            antipodal=antipodal, antipodal_cosine=antipodal_cos)

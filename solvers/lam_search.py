@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.solvers.atom_rows import AtomRows, exact_products, screen_pairs
 from dictcheck.solvers.lasso_codes import CodeSolver
+from dictcheck.solvers.reductions import LOCAL, Reduction
 
 __all__ = ["LamForL0", "lam_for_l0"]
 
@@ -36,19 +37,23 @@ class LamForL0:
 
 
 def lam_for_l0(W: ArrayLike | AtomRows, X: ArrayLike, b: ArrayLike, target: float, *, rel: float = 1e-2,
-               max_iter: int = 40, tol: float = 1e-8, solver: CodeSolver | None = None) -> LamForL0:
+               max_iter: int = 40, tol: float = 1e-8, solver: CodeSolver | None = None,
+               reduce: Reduction = LOCAL) -> LamForL0:
     """λ at which the exact codes of unit atoms W ((D, d_z) columns, or :class:`AtomRows`) on X (D, N) with bias
     b have mean L0 closest to ``target`` (module docstring): halving from λ_max (at most 27 times, to
     λ_max·2⁻²⁷), then bisection on log λ until the bracket is within a factor 1 + ``rel`` or ``max_iter``
     steps. Returns the evaluated λ whose L0 is closest to the target (the larger λ on a tie). ``solver``: a
-    :class:`CodeSolver` for W, to reuse its atoms and caches. ValueError for a target outside [0, d_z]."""
+    :class:`CodeSolver` for W, to reuse its atoms and caches. With ``reduce`` over several processes, X holds
+    this process's part of the sample, and λ_max and each evaluation's L0 are those of the whole sample (every
+    process bisects identically). ValueError for a target outside [0, d_z]."""
     solver = solver or (CodeSolver(atoms=W) if isinstance(W, AtomRows) else CodeSolver(W))
     atoms = solver.atoms
     X = np.asarray(X, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64).reshape(-1)
     if not 0.0 <= target <= atoms.n_atoms:
         raise ValueError(f"target L0 must be in [0, d_z = {atoms.n_atoms}], got {target!r}")
-    lam_max = largest_correlation(atoms, np.ascontiguousarray((X - b[:, None]).T))
+    lam_max = max(0.0, float(reduce.max(np.array([largest_correlation(atoms, np.ascontiguousarray((X - b[:, None]).T))]))[0]))
+    n_sample = float(reduce.sum(np.array([X.shape[1]], dtype=np.float64))[0])
     if lam_max <= 0.0:
         return LamForL0(lam=1.0, l0=0.0, target=float(target), iterations=0, lam_max=lam_max, evaluations=())
     record: list[tuple[float, float]] = []
@@ -57,7 +62,7 @@ def lam_for_l0(W: ArrayLike | AtomRows, X: ArrayLike, b: ArrayLike, target: floa
     def l0_at(lam: float) -> float:
         codes = solver.codes(X, b, lam, tol=tol, sparse_output=True, init=last[0])
         last[0] = codes.Z
-        record.append((lam, float(codes.mean_support)))
+        record.append((lam, float(reduce.sum(np.array([codes.Z.nnz], dtype=np.float64))[0]) / n_sample))
         return record[-1][1]
 
     hi, lo = lam_max, lam_max / 2
@@ -83,4 +88,4 @@ def largest_correlation(atoms: AtomRows, R: NDArray[np.float64]) -> float:
     (:func:`~dictcheck.solvers.atom_rows.screen_pairs`) and those are re-evaluated in float64."""
     pairs = screen_pairs(atoms, R, top="max")
     h = exact_products(atoms, R, pairs.rows, pairs.atoms)
-    return float(h.max(initial=0.0))
+    return float(h.max(initial=-np.inf))

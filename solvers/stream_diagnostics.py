@@ -36,6 +36,7 @@ import scipy.sparse as sp
 from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.solvers.atom_rows import AtomRows, atom_max_products, exact_products, screen_pairs
+from dictcheck.solvers.reductions import LOCAL, Reduction
 from dictcheck.theory.diagnostics import (
     ACTIVITY_RTOL,
     DiagnosticTolerances,
@@ -204,6 +205,23 @@ def _nested_pairs(starts, points, atoms, sup_start, sup_atoms, live):
     return out_d, out_j
 
 
+def _agreed_nested_pairs(codes: SparseCodes, tau: float, reduce: Reduction) -> list[tuple[int, int]]:
+    """:func:`nested_pairs_of_codes` of all processes' points: A_d ⊆ A_j holds for the union of the points when
+    it holds on every process where A_d has a point, so a pair is kept when each of those processes has it."""
+    local = nested_pairs_of_codes(codes, tau)
+    if reduce.size == 1:
+        return local
+    d_z = codes.n_atoms
+    live = np.zeros(d_z, dtype=np.int64)
+    live[codes.atoms[codes.values > tau]] = 1
+    parts = reduce.gather(np.array(local, dtype=np.int64).reshape(-1, 2))
+    need = reduce.sum(live)
+    keys, counts = np.unique(np.concatenate([p[:, 0] * d_z + p[:, 1] for p in parts]), return_counts=True)
+    d = keys // d_z
+    keep = counts == need[d]
+    return sorted(zip((d[keep]).tolist(), (keys[keep] % d_z).tolist()))
+
+
 def nested_pairs_of_codes(codes: SparseCodes, tau: float) -> list[tuple[int, int]]:
     """All (d, j), d ≠ j, with A_d ≠ ∅ and A_d ⊆ A_j, where A_d = {i : z_di > τ} (docs/theory.md §3 S4), from
     the co-occurrence of supports: O(nnz·L0) time, O(nnz) memory."""
@@ -259,6 +277,7 @@ def stream_diagnostics(
     candidates: ArrayLike | None = None,
     sample_points: ArrayLike | None = None,
     workers: int = 1,
+    reduce: Reduction = LOCAL,
 ) -> StreamedDiagnostics:
     """Every §3/§6 diagnostic of unit atoms W ((D, d_z) columns, or :class:`AtomRows`) with the given codes and
     bias on the points that ``batches`` yields as (first point index, (D, B) columns), in order, covering
@@ -268,6 +287,12 @@ def stream_diagnostics(
     the order of floating-point sums. ``candidates`` (D, S) unit columns get their exact gain over all points;
     ``sample_points`` (sorted indices) get their own antipode gains. ValueError for bad shapes, a zero λ, or
     batches that do not cover the points in order.
+
+    With ``reduce`` over P processes, each holds the codes and batches of its own points (indices local to it)
+    and every sum, maximum and minimum is combined over the processes (the masses and τ_act before the pass,
+    the per-point sums after it; the per-atom conditions are split over the processes by blocks of atoms and
+    gathered; nested pairs keep a pair that every process where the atom is active has): every process
+    returns the diagnostics of all points, equal to one process's up to the order of the sums.
     """
     if not lam > 0:
         raise ValueError(f"lam must be > 0, got {lam}")
@@ -276,19 +301,21 @@ def stream_diagnostics(
     D, d_z = atoms.dim, atoms.n_atoms
     if codes.n_atoms != d_z:
         raise ValueError(f"codes have {codes.n_atoms} atoms, the dictionary {d_z}")
-    mass = codes.mass()
-    _check_unit_atoms(atoms, mass)
     if codes.values.size and codes.values.min() < 0:
         raise ValueError("codes must be non-negative (objective (1))")
-    N = codes.n_points
+    mass = reduce.sum(codes.mass())
+    _check_unit_atoms(atoms, mass)
+    N_local = codes.n_points
+    N = int(reduce.sum(np.array([N_local], dtype=np.int64))[0])
     if N == 0:
         raise ValueError("no data points")
     bv = np.asarray(b, dtype=np.float64).reshape(-1)
     U = None if candidates is None else np.asarray(candidates, dtype=np.float64)
     sample = np.zeros(0, np.int64) if sample_points is None else np.asarray(sample_points, dtype=np.int64)
-    tau = ACTIVITY_RTOL * codes.max_value() if tau_act is None else float(tau_act)
+    max_z = float(reduce.max(np.array([codes.max_value()]))[0])
+    tau = ACTIVITY_RTOL * max_z if tau_act is None else float(tau_act)
     on_all = codes.values > tau
-    n_on = np.bincount(codes.atoms[on_all], minlength=d_z).astype(np.float64)
+    n_on = reduce.sum(np.bincount(codes.atoms[on_all], minlength=d_z).astype(np.float64))
     live = n_on > 0
     live_idx = np.full(d_z, -1, np.int64)
     live_idx[live] = np.arange(int(live.sum()))
@@ -346,13 +373,20 @@ def stream_diagnostics(
         prime_min = min(prime_min, _prime_min_summand(pairs.rows, pairs.atoms, phi, pts[on], ats[on],
                                                       vals[on] * inv_mass[ats[on]], B, d_z))
         seen += B
-    if seen != N:
-        raise ValueError(f"batches covered {seen} points, the codes have {N}")
+    if seen != N_local:
+        raise ValueError(f"batches covered {seen} points, the codes have {N_local}")
+    sums = reduce.sum(np.concatenate([[sum_sq], sum_r, on_phi_sum, antipode, sample_antipode, gains]))
+    sum_sq, sum_r = float(sums[0]), sums[1:1 + D]
+    on_phi_sum, antipode, sample_antipode, gains = np.split(sums[1 + D:], np.cumsum([d_z, d_z, d_z]))
+    max_rnorm = float(reduce.max(np.array([max_rnorm]))[0])
+    prime_min = float(reduce.min(np.array([prime_min]))[0])
+    kkt = reduce.max(kkt)
+    szr = reduce.sum(szr)
+    below_atoms, below_sums = _merge_rows([part for parts in reduce.gather(below) for part in parts], D)
 
     live_atoms = np.flatnonzero(live)
-    below_atoms, below_sums = _merge_rows(below, D)
     s1, r2, hull, hull_prime = _per_atom_conditions(atoms, szr, live_atoms, lam * mass, below_atoms,
-                                                    below_sums, workers)
+                                                    below_sums, workers, reduce)
     n_off = N - n_on
     ok = (n_on > 0) & (n_off > 0)
     all_phi_sum = _all_atoms_products(atoms, sum_r) / lam  # Σ_i φ_id = ŵ_dᵀ(Σ_i r_i)/λ
@@ -361,7 +395,7 @@ def stream_diagnostics(
     target = np.where(ok, -p / np.where(ok, 1.0 - p, 1.0), np.nan)
     bias_violation = np.abs(off_mean - target)
     r1 = float(np.linalg.norm(sum_r)) / N
-    pairs = nested_pairs_of_codes(codes, tau)
+    pairs = _agreed_nested_pairs(codes, tau, reduce)
     cos_of_pairs = _pair_cosines(atoms, pairs)
 
     def nanmax(v: NDArray) -> float:
@@ -413,15 +447,16 @@ def _merge_rows(parts: list[tuple[NDArray[np.int64], NDArray[np.float64]]], D: i
 
 def _per_atom_conditions(atoms: AtomRows, szr: NDArray[np.float64], live_atoms: NDArray[np.int64],
                          lam_mass: NDArray[np.float64], below_atoms: NDArray[np.int64],
-                         below_sums: NDArray[np.float64], workers: int, block: int = 4096
-                         ) -> tuple[NDArray, NDArray, NDArray, NDArray]:
+                         below_sums: NDArray[np.float64], workers: int, reduce: Reduction = LOCAL,
+                         block: int = 4096) -> tuple[NDArray, NDArray, NDArray, NDArray]:
     """S1, R2, (5) and (5′) per atom (NaN for dead atoms) from the sums szr (row t: Σ_i z_di r_i of the live atom
     d = live_atoms[t]) and the sub-threshold parts of them (below_atoms, below_sums), a block of live atoms at a
     time: m_d = szr_d/(λ‖z_d·‖₁), S1 = ‖ŵ_d − m_d‖, R2 = ‖m_d − ŵ_d(ŵ_dᵀm_d)‖, (5) = ‖Ŵᵀ(ŵ_d − a_d)‖_∞ with
-    a_d the same mean over A_d, (5′) = ‖Ŵᵀ(ŵ_d − m_d)‖_∞ (equal to (5) when no code is below τ)."""
+    a_d the same mean over A_d, (5′) = ‖Ŵᵀ(ŵ_d − m_d)‖_∞ (equal to (5) when no code is below τ). Over several
+    processes each takes every size-th block and the values are gathered."""
     d_z = atoms.n_atoms
     s1, r2, hull, hull_prime = (np.full(d_z, np.nan) for _ in range(4))
-    for lo in range(0, live_atoms.size, block):
+    for lo in range(reduce.rank * block, live_atoms.size, reduce.size * block):
         idx = live_atoms[lo:lo + block]
         Wb = atoms.unit_rows(idx)
         mb = szr[lo:lo + block] / lam_mass[idx, None]
@@ -438,6 +473,11 @@ def _per_atom_conditions(atoms: AtomRows, szr: NDArray[np.float64], live_atoms: 
             hull[idx] = atom_max_products(atoms, Wb - ab, workers)
         else:
             hull[idx] = hull_prime[idx]
+    if reduce.size > 1:
+        for part in reduce.gather(np.stack([s1, r2, hull, hull_prime])):
+            done = np.isfinite(part[0])
+            for target, values in zip((s1, r2, hull, hull_prime), part):
+                target[done] = values[done]
     return s1, r2, hull, hull_prime
 
 
@@ -489,7 +529,7 @@ def _all_atoms_products(atoms: AtomRows, v: NDArray[np.float64], block: int = 81
 
 
 def candidate_gains(W: ArrayLike | AtomRows, codes: SparseCodes, b: ArrayLike, batches: Iterable[tuple[int, NDArray]],
-                    lam: float, U: ArrayLike) -> NDArray[np.float64]:
+                    lam: float, U: ArrayLike, reduce: Reduction = LOCAL) -> NDArray[np.float64]:
     """gain(u) = Σ_i (uᵀr_i − λ)₊² for each unit column u of U (D, S) over the points of ``batches``
     (docs/theory.md §3 S6): one cheap pass (the residuals from the sparse codes, one (B, S) product)."""
     atoms = _as_atoms(W)
@@ -499,7 +539,7 @@ def candidate_gains(W: ArrayLike | AtomRows, codes: SparseCodes, b: ArrayLike, b
     for start, Xb in batches:
         R, _ = _batch_residuals(atoms, codes, bv, start, Xb)
         gains += (np.maximum(R @ U - lam, 0.0) ** 2).sum(axis=0)
-    return gains
+    return reduce.sum(gains)
 
 
 def column_batches(X: NDArray, batch: int) -> Iterator[tuple[int, NDArray]]:

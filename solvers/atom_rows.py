@@ -371,23 +371,20 @@ def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.f
         dev = Rhat.device
         local = np.full(n, -1, np.int64)
         local[sel] = np.arange(sel.size)
-        hi = lo = None
+        lo = None
         if above is not None:
             lo = threshold_below((above[sel] - E) / rho_s, screen.dtype).to(dev).unsqueeze(1)
-            hi = threshold_above((above[sel] + margin + E) / rho_s, screen.dtype).to(dev).unsqueeze(1)
         lo_below = (None if below is None else
                     threshold_above((below[sel] + E) / rho_s, screen.dtype).to(dev).unsqueeze(1))
         two_e = torch.from_numpy(2.0 * E / rho_s).to(dev)
         tops = (top,) if isinstance(top, str) else tuple(top)
         run_max = {kind: torch.full((sel.size,), -np.inf, dtype=torch.float64, device=dev) for kind in tops}
-        sure = torch.zeros(sel.size, dtype=torch.int64, device=dev)
         top_parts: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {kind: [] for kind in tops}
         for j0, H in screen.blocks(Rhat, atoms.block_atoms):
             j1 = j0 + H.shape[1]
             mask = None
             if lo is not None:
                 mask = H > lo
-                sure += torch.count_nonzero(H > hi, dim=1)
             if lo_below is not None:
                 mask = (H < lo_below) if mask is None else mask | (H < lo_below)
             if mask is not None:
@@ -408,7 +405,6 @@ def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.f
                 r, c = torch.nonzero(Hm >= band.unsqueeze(1), as_tuple=True)
                 if r.numel():
                     top_parts[kind].append((r, c + j0, Hm[r, c].double()))
-        certain[sel] = sure.cpu().numpy()
         for kind, tp in top_parts.items():
             if not tp:
                 continue
@@ -425,7 +421,11 @@ def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.f
     hv = np.concatenate([p[2] for p in parts])
     key = pi * atoms.n_atoms + pj
     key, first = np.unique(key, return_index=True)  # a pair in several queries once, sorted by row then atom
-    return ScreenedPairs(pi[first], pj[first], hv[first], bound, certain)
+    pi, pj, hv = pi[first], pj[first], hv[first]
+    if above is not None:  # h̃ > above + margin + E: the screened value is exact in float64 (ρ is a power of two)
+        sure = hv > (above + margin + bound)[pi]
+        certain = np.bincount(pi[sure], minlength=n).astype(np.int64)
+    return ScreenedPairs(pi, pj, hv, bound, certain)
 
 
 def _pairs_of(sel, r: torch.Tensor, c: torch.Tensor, j0: int, H: torch.Tensor, rho: NDArray[np.float64]):

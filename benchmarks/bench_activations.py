@@ -1,4 +1,4 @@
-"""Benchmark: residual-stream extraction throughput of ``empirics.activation_store`` on SmolLM2-135M.
+"""Benchmark: residual-stream extraction throughput of ``empirics.data.activation_store`` on SmolLM2-135M.
 
 docs/ecosystem.md §5; issue 7 item 6. Reproduce:
 
@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dictcheck.empirics.activation_store import extract_activations, token_windows
-from dictcheck.empirics.lm_models import LoadedLM, load_lm
+from dictcheck.empirics.data.activation_store import extract_activations, token_windows
+from dictcheck.empirics.data.lm_models import LoadedLM, load_lm
 
 
 def _naive(lm: LoadedLM, layer: int, windows: np.ndarray, batch: int) -> np.ndarray:

@@ -11,7 +11,7 @@ cost does not depend on the values).
 
 * naive: the full (d_z × V) cosine matrix with autograd, L = −mean_d max_v C_dv (the authors' max
   without chunking; its backward multiplies the dense (d_z × V) gradient by Ê: 2·d_z·V·D FLOPs more);
-* chunked: :func:`empirics.vasae_models.anchor_loss`, argmax chunk-wise under no-grad (chunk =
+* chunked: :func:`empirics.architectures.vasae.anchor_loss`, argmax chunk-wise under no-grad (chunk =
   the ≤ 256 MB default) and the gathered cosine, backward O(d_z·D).
 
 Time: wall, the minimum of ``--repeats`` steps after one warm-up step (the minimum, because the
@@ -50,7 +50,7 @@ def _naive(W: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
 
 
 def _child(variant: str, d_z: int, repeats: int) -> dict:
-    from dictcheck.empirics.vasae_models import anchor_loss
+    from dictcheck.empirics.architectures.vasae import anchor_loss
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)

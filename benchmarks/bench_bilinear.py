@@ -7,7 +7,7 @@ Setup (issue 5 item 9): ``bilinear-quadratic`` (symmetric decoder, the default),
 d_sae = 8d latents, a batch of 1024 Gaussian tokens, float32, one torch thread. One step =
 forward + backward of the lifted loss (no optimiser step), parameters and batch fixed.
 
-* **kernel**: ``model(x).mse.backward()`` of :class:`empirics.bilinear_models.BilinearAutoencoder`
+* **kernel**: ``model(x).mse.backward()`` of :class:`empirics.architectures.bilinear.BilinearAutoencoder`
   with ``hoyer_coef = 0``: (1/N)[⟨K, ZᵀZ⟩ − 2‖Z‖² + N], untiled (K is d_z × d_z) and tiled
   (``tile`` = 512 latents, block pairs recomputed in the backward pass, K never held).
 * **naive**: the same encoder (``model.normalise``, ``model.latents``), then T̂_i = sym(Uᵀ diag(z_i) V)

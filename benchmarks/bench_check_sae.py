@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dictcheck.empirics.sae_folder import new_sae_config, save_sae
+from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
 
 
 def make_case(out: Path, d_sae: int, d_in: int, tokens: int, k: int, seed: int = 0) -> tuple[Path, Path]:

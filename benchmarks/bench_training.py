@@ -8,7 +8,7 @@ Reproduce (SAELens lives in its own venv, never in ``.venv``; ``.venv-bench/`` i
     .venv-bench/bin/python benchmarks/bench_training.py --quick  # seconds (small shapes)
 
 Ours is imported from this checkout (the repository root is put on ``sys.path``; only
-``empirics.sae_models`` and torch are needed), so both libraries run on the same torch build, the
+``empirics.architectures.linear_sae`` and torch are needed), so both libraries run on the same torch build, the
 same CPU and in the same process. Without ``sae_lens`` importable (e.g. under ``.venv``) only ours
 is timed and the reason is printed.
 
@@ -17,10 +17,10 @@ Setup (issue: d_in = 512, d_sae = 4096, batch 4096, float32, torch threads = 2):
 * **ours relu**: ``make_sae("relu", d_in, d_sae, lam=LAM)``; **ours topk** / **ours batchtopk**:
   ``make_sae("topk" | "batchtopk", ..., k=32)`` (aux_coef = 0, the option's default), each in two
   variants: ``sparse`` (the default: gathered decode and sparse encoder backward,
-  ``empirics.sae_models.ActiveLatents``, the rows' top k read from the encoder product block by
-  block, ``empirics.topk_select``, no dense codes) and ``dense`` (``sparse_decode = False``: z @ W_dec and
+  ``empirics.architectures.linear_sae.ActiveLatents``, the rows' top k read from the encoder product block by
+  block, ``empirics.kernels.topk_select``, no dense codes) and ``dense`` (``sparse_decode = False``: z @ W_dec and
   autograd through the dense pre-activation; same numbers). One step is exactly the loop body of
-  ``empirics.training.train`` minus the batch gather: set the lr, ``forward``, ``zero_grad``,
+  ``empirics.training.loop.train`` minus the batch gather: set the lr, ``forward``, ``zero_grad``,
   ``backward``, ``remove_parallel_grad_()``, ``clip_grad_norm_(…, 1.0)``, Adam ``step``,
   ``normalise_decoder_()``, and the dead-latent counter update (``res.fired``).
 * **SAELens standard**: ``StandardTrainingSAE(StandardTrainingSAEConfig(d_in, d_sae,
@@ -43,7 +43,7 @@ Setup (issue: d_in = 512, d_sae = 4096, batch 4096, float32, torch threads = 2):
   decoder, and their backward products), so its floor is 6× this.
 
 OpenMP: the script shortens libgomp's idle spin before torch loads, as the ``dictcheck`` command
-does (``empirics/openmp_spin.py``; SAELens, in the same process, runs under it too); the header
+does (``empirics/kernels/openmp_spin.py``; SAELens, in the same process, runs under it too); the header
 prints the value. ``GOMP_SPINCOUNT=300000`` in the environment restores libgomp's default.
 
 Data: random Gaussian activations, a pool of 4 fixed batches (same for both), cycled; no data
@@ -68,13 +68,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dictcheck.empirics.openmp_spin import SPIN_ENV, shorten_openmp_spin  # noqa: E402
+from dictcheck.empirics.kernels.openmp_spin import SPIN_ENV, shorten_openmp_spin  # noqa: E402
 
 shorten_openmp_spin()  # before torch loads, as the dictcheck command does (both libraries run under it)
 
 import torch  # noqa: E402
 
-from dictcheck.empirics.sae_models import make_sae  # noqa: E402
+from dictcheck.empirics.architectures.linear_sae import make_sae  # noqa: E402
 
 LAM = 5.0  # sparsity coefficient (our λ, SAELens l1_coefficient); no effect on the work per step
 
@@ -113,7 +113,7 @@ def make_ours(arch: str, variant: str, d_in: int, d_sae: int, k: int, lr: float,
     state = {"since_fired": torch.zeros(d_sae, dtype=torch.int64)}
 
     def step(xb: torch.Tensor) -> float:
-        # == the loop body of empirics.training.train (minus the batch gather), aux_coef = 0
+        # == the loop body of empirics.training.loop.train (minus the batch gather), aux_coef = 0
         for group in opt.param_groups:
             group["lr"] = lr
         res = model(xb, dead_mask=None)

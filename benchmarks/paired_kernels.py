@@ -57,6 +57,51 @@ def module_at(rev: str, source: str, workdir: Path, imports: dict[str, str] | No
     return module
 
 
+#: The modules of empirics/ before its regroup into sub-packages -> their homes since (for loading a file
+#: of an earlier commit against this checkout).
+REGROUPED = {
+    "dictcheck.empirics.activation_normalisation": "dictcheck.empirics.architectures.activation_normalisation",
+    "dictcheck.empirics.featurizer": "dictcheck.empirics.architectures.featurizer",
+    "dictcheck.empirics.sae_models": "dictcheck.empirics.architectures.linear_sae",
+    "dictcheck.empirics.sparse_products": "dictcheck.empirics.kernels.sparse_products",
+    "dictcheck.empirics.topk_select": "dictcheck.empirics.kernels.topk_select",
+    "dictcheck.empirics.openmp_spin": "dictcheck.empirics.kernels.openmp_spin",
+    "dictcheck.empirics.straight_through": "dictcheck.empirics.kernels.straight_through",
+    "dictcheck.empirics.training": "dictcheck.empirics.training.loop",
+    "dictcheck.empirics.checkpoints": "dictcheck.empirics.training.checkpoints",
+    "dictcheck.empirics.distributed": "dictcheck.empirics.training.distributed",
+    "dictcheck.empirics.sae_io": "dictcheck.empirics.io.saelens",
+    "dictcheck.empirics.sae_folder": "dictcheck.empirics.io.sae_folder",
+    "dictcheck.empirics.sae_formats": "dictcheck.empirics.io.formats",
+    "dictcheck.empirics.safe_io": "dictcheck.empirics.io.safe_files",
+    "dictcheck.empirics.atomic_files": "dictcheck.empirics.io.atomic_files",
+    "dictcheck.empirics.toy_data": "dictcheck.empirics.data.toys",
+    "dictcheck.empirics.manifold_toy": "dictcheck.empirics.data.manifold_toy",
+    "dictcheck.empirics.quadric_toy": "dictcheck.empirics.data.quadric_toy",
+    "dictcheck.empirics.corpus": "dictcheck.empirics.data.corpus",
+    "dictcheck.empirics.lm_models": "dictcheck.empirics.data.lm_models",
+    "dictcheck.empirics.activation_store": "dictcheck.empirics.data.activation_store",
+    "dictcheck.empirics.row_source": "dictcheck.empirics.data.row_source",
+    "dictcheck.empirics.metrics": "dictcheck.empirics.metrics.reconstruction",
+    "dictcheck.empirics.lm_metrics": "dictcheck.empirics.metrics.lm",
+    "dictcheck.empirics.manifold_metrics": "dictcheck.empirics.metrics.manifold",
+    "dictcheck.empirics.manifold_bench": "dictcheck.empirics.metrics.manifold_bench",
+    "dictcheck.empirics.bsf_models": "dictcheck.empirics.architectures.bsf",
+    "dictcheck.empirics.bilinear_models": "dictcheck.empirics.architectures.bilinear",
+    "dictcheck.empirics.vasae_models": "dictcheck.empirics.architectures.vasae",
+    "dictcheck.empirics.ground_truth": "dictcheck.empirics.metrics.ground_truth",
+    "dictcheck.empirics.synthetic": "dictcheck.empirics.data.synthetic",
+}
+
+
+def path_at(rev: str, *paths: str) -> str:
+    """The first of ``paths`` that exists in commit ``rev`` (a file's current path, then its earlier ones)."""
+    for path in paths:
+        if subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=ROOT, capture_output=True).returncode == 0:
+            return path
+    raise FileNotFoundError(f"none of {paths} in commit {rev}")
+
+
 def kernel_at(rev: str, workdir: Path):
     """The module solvers/active_set.py of commit ``rev``, loaded under a name of its own."""
     return module_at(rev, "solvers/active_set.py", workdir)

@@ -1,9 +1,11 @@
 """Paired rounds: the sparse training step of an earlier commit's SAE against this checkout's.
 
-``empirics/sparse_products.py`` and ``empirics/sae_models.py`` of commit REV are loaded under names of
-their own (``paired_kernels.module_at``; the old sae_models imports the old sparse_products, every
+``empirics/kernels/sparse_products.py`` and ``empirics/architectures/linear_sae.py`` of commit REV (or
+``empirics/sparse_products.py`` and ``empirics/sae_models.py``, their paths before the regroup of
+empirics/) are loaded under names of their own (``paired_kernels.module_at``; the old linear SAE
+module imports the old sparse_products, every
 other module is the checkout's, so REV must share their interfaces). Both models are built with the
-same seed and trained by the loop body of ``empirics.training.train``
+same seed and trained by the loop body of ``empirics.training.loop.train``
 (``bench_training.make_ours``) on the same fixed random batches, at the RESULTS.md §4 setup
 (d_in = 512, d_sae = 4096, batch 4096, k = 32, float32). Each round runs 2 warm-up and ``--steps``
 timed steps of each side back to back, alternating which goes first; quoted is the median of the
@@ -30,12 +32,12 @@ from bench_training import make_ours  # noqa: E402  (first: it sets OpenMP's spi
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from paired_kernels import module_at  # noqa: E402
+from paired_kernels import REGROUPED, module_at, path_at  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--old", required=True, help="commit whose sae_models and sparse_products are the baseline")
+    ap.add_argument("--old", required=True, help="commit whose linear SAE module and sparse_products are the baseline")
     ap.add_argument("--arch", default="topk", choices=["topk", "batchtopk"])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=8, help="timed steps per side per round")
@@ -45,9 +47,12 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randn(4096, 512, generator=gen) for _ in range(4)]
     with tempfile.TemporaryDirectory() as tmp:
-        sp_old = module_at(args.old, "empirics/sparse_products.py", Path(tmp))
-        sm_old = module_at(args.old, "empirics/sae_models.py", Path(tmp),
-                           {"dictcheck.empirics.sparse_products": sp_old.__name__})
+        sp_path = path_at(args.old, "empirics/kernels/sparse_products.py", "empirics/sparse_products.py")
+        sm_path = path_at(args.old, "empirics/architectures/linear_sae.py", "empirics/sae_models.py")
+        sp_old = module_at(args.old, sp_path, Path(tmp), REGROUPED)
+        sm_old = module_at(args.old, sm_path, Path(tmp),
+                           {**REGROUPED, "dictcheck.empirics.sparse_products": sp_old.__name__,
+                            "dictcheck.empirics.kernels.sparse_products": sp_old.__name__})
         sides = {"old": make_ours(args.arch, "sparse", 512, 4096, 32, 1e-4, factory=sm_old.make_sae),
                  "new": make_ours(args.arch, "sparse", 512, 4096, 32, 1e-4)}
         times = {"old": [], "new": []}

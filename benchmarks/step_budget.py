@@ -21,7 +21,7 @@ of a real step of ``make_sae("topk", …)``:
 Their sum with the fused Adam is a lower bound of the step's time besides the GEMM *for this design*
 (every part at its best at once, with the caches to itself, none of the in-step slow-down): if it
 exceeds 0.2 × GEMM, 1.2× is out of reach without another design. The whole step (the loop body of
-``empirics.training.train``, ``bench_training.make_ours``) is timed in the same run for comparison.
+``empirics.training.loop.train``, ``bench_training.make_ours``) is timed in the same run for comparison.
 
 Usage (from the repository root):
 
@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_training import add_setup_arguments, encoder_gemm, make_ours, time_steps  # noqa: E402  (first: it sets OpenMP's spin before torch loads)
 
 import torch  # noqa: E402
-from dictcheck.empirics.sae_models import make_sae  # noqa: E402
-from dictcheck.empirics.sparse_products import scatter_rows, scatter_rows_and_dots  # noqa: E402
-from dictcheck.empirics.topk_select import row_blocks, row_topk  # noqa: E402
+from dictcheck.empirics.architectures.linear_sae import make_sae  # noqa: E402
+from dictcheck.empirics.kernels.sparse_products import scatter_rows, scatter_rows_and_dots  # noqa: E402
+from dictcheck.empirics.kernels.topk_select import row_blocks, row_topk  # noqa: E402
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:

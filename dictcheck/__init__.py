@@ -33,7 +33,7 @@ _HOME = {
                                                           "exact_codes", "check_dictionary", "check_sae",
                                                           "polish", "load_sae", "train", "run_checks")},
     "build_model": "dictcheck.empirics.architectures",
-    "TrainConfig": "dictcheck.empirics.training",
+    "TrainConfig": "dictcheck.empirics.training.loop",
 }
 
 

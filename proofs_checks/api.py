@@ -17,11 +17,11 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.empirics.architectures import ArchOptions, build_model
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.sae_folder import load_featurizer
-from dictcheck.empirics.sae_io import SaeConfig
-from dictcheck.empirics.training import TrainConfig, TrainResult
-from dictcheck.empirics.training import train as train_model
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.io.sae_folder import load_featurizer
+from dictcheck.empirics.io.saelens import SaeConfig
+from dictcheck.empirics.training.loop import TrainConfig, TrainResult
+from dictcheck.empirics.training.loop import train as train_model
 from dictcheck.proofs_checks.cli.inputs import (
     CODES_TOL_RANGE,
     checked_bias,

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from numpy.typing import NDArray  # noqa: E402
 
-from dictcheck.empirics.atomic_files import atomic_write_bytes  # noqa: E402
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes  # noqa: E402
 
 
 def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 110) -> Path:

@@ -1,8 +1,8 @@
 """The real-activation protocol shared by the real.* and vasae.* checks (docs/ecosystem.md §5).
 
-Data (fixed once, Decision): SmolLM2-135M-Instruct (:func:`dictcheck.empirics.lm_models.load_lm`,
+Data (fixed once, Decision): SmolLM2-135M-Instruct (:func:`dictcheck.empirics.data.lm_models.load_lm`,
 "smollm2"), the output of decoder layer :data:`LAYER`, :data:`N_TOKENS` rows from the shipped corpus
-(:func:`dictcheck.empirics.activation_store.extract_activations`, context 128, seed 0). The last
+(:func:`dictcheck.empirics.data.activation_store.extract_activations`, context 128, seed 0). The last
 :data:`N_HELDOUT` rows are held out for evaluation; the rest train. Extraction (about 2 minutes on
 2 busy cores, plus the ~20–60 s model load) happens once into a cache keyed by these settings,
 ``<tempdir>/dictcheck-real/<key>/`` (activations, the frozen W_E as ``embedding.npy`` and the
@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
+from dictcheck.empirics.data.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.training import TrainConfig, TrainResult, torch_threads, train
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.training.loop import TrainConfig, TrainResult, torch_threads, train
 
 __all__ = ["MODEL", "LAYER", "N_TOKENS", "N_HELDOUT", "CONTEXT", "EXTRACT_SEED", "D_SAE", "STEPS", "BATCH",
            "RealData", "real_data", "train_real"]
@@ -81,7 +81,7 @@ def real_data(layer: int = LAYER) -> RealData:
     root = Path(tempfile.gettempdir()) / "dictcheck-real" / f"{MODEL}_L{layer}_T{N_TOKENS}_c{CONTEXT}_s{EXTRACT_SEED}"
     act, emb, counts = root / "activations", root / "embedding.npy", root / "token_counts.npy"
     if not (is_activation_dir(act) and emb.is_file() and counts.is_file()):
-        from dictcheck.empirics.lm_models import load_lm
+        from dictcheck.empirics.data.lm_models import load_lm
 
         lm = load_lm(MODEL)
         root.mkdir(parents=True, exist_ok=True)

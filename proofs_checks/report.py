@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dictcheck.empirics.atomic_files import atomic_write_bytes
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
 from dictcheck.proofs_checks.registry import KINDS
 
 

@@ -4,7 +4,7 @@ Outputs in the output folder: ``results.json`` and ``report.md`` (both rewritten
 start and after every check, so nothing is lost if the run dies) and PNG figures under ``figures/``.
 ``results.json`` says ``"complete": false`` (and ``"passed": null``) until the last check has run,
 then ``"complete": true`` with the verdict ``passed``; ``report.md`` says when a run is incomplete.
-One run at a time writes a folder (:func:`dictcheck.empirics.safe_io.folder_lock`): a second one
+One run at a time writes a folder (:func:`dictcheck.empirics.io.safe_files.folder_lock`): a second one
 is refused with one line. A check that raises is recorded with status ``error`` and the others still run.
 
 Every row records the check's ``kind``, ``source``, ``regime`` and ``tier`` (quick or full). Its ``status``
@@ -25,23 +25,28 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from dictcheck.empirics.safe_io import check_output_dir, folder_lock
+from dictcheck.empirics.io.safe_files import check_output_dir, folder_lock
 from dictcheck.proofs_checks.errors import UserError
 from dictcheck.proofs_checks.registry import (
     KINDS,
     MUST_PASS,
     Check,
     CheckContext,
+    CheckListing,
+    list_checks,
     load_all_checks,
     replication_verdict,
 )
 from dictcheck.proofs_checks.report import write_json_atomic, write_report
 
 
-def select_checks(quick: bool, only: str | None, kinds: str | None = None) -> list[Check]:
+def select_checks(quick: bool, only: str | None, kinds: str | None = None, *,
+                  listing: bool = False) -> list[Check] | list[CheckListing]:
     """The registered checks grouped by kind (in :data:`KINDS` order), in id order within a kind, filtered by
-    ``--quick``, ``--kind`` (comma-separated kinds) and the ``--only`` glob(s)."""
-    checks = sorted(load_all_checks().values(), key=lambda c: (KINDS.index(c.kind), c.id))
+    ``--quick``, ``--kind`` (comma-separated kinds) and the ``--only`` glob(s); with ``listing``, their
+    :class:`CheckListing` (no check module imported)."""
+    every = list_checks() if listing else load_all_checks().values()
+    checks = sorted(every, key=lambda c: (KINDS.index(c.kind), c.id))
     if quick:
         checks = [c for c in checks if c.quick]
     if kinds:
@@ -143,7 +148,7 @@ def run_suite(
     :func:`status_counts`).
 
     ``out`` is checked and locked first (ValueError when it cannot be a writable folder,
-    :class:`dictcheck.empirics.safe_io.FolderInUseError` while another run writes it).
+    :class:`dictcheck.empirics.io.safe_files.FolderInUseError` while another run writes it).
     ``out/results.json`` and ``out/report.md`` are rewritten atomically at the start and after every
     check (a crash loses nothing, and leaves ``"complete": false``); temporary files a killed run left
     are removed at the start. ``progress`` shows a tqdm bar over

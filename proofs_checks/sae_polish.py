@@ -8,7 +8,7 @@ docs/theory.md §7.1).
 2. **Polish** (:func:`polish_report`): :func:`dictcheck.solvers.polish.polish_dictionary` from the decoder's unit
    atoms and b_dec at λ, with objective (1) per sweep on the polishing and the held-out tokens; the diagnostics of
    docs/theory.md §6 at the polished point; optionally checkpointed every few sweeps and resumed.
-3. **Fit the encoder** (:func:`write_polished`): :func:`dictcheck.empirics.encoder_fit.fit_encoder` with the
+3. **Fit the encoder** (:func:`write_polished`): :func:`dictcheck.empirics.training.encoder_fit.fit_encoder` with the
    polished decoder and b_dec frozen, the SAE's own architecture and options (its k; for an SAE trained on
    objective (1), λ is the polishing λ; a JumpReLU keeps its thresholds), seeded and resumable.
 4. **Write** the folder in the input's format (SAELens / dictcheck now; sparsify and dictionary_learning are
@@ -41,16 +41,16 @@ import torch
 from numpy.typing import NDArray
 
 from dictcheck.empirics.architectures import architecture
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.encoder_fit import fit_encoder
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.metrics import StreamingMetrics
-from dictcheck.empirics.row_source import RowSource, open_rows
-from dictcheck.empirics.safe_io import folder_lock
-from dictcheck.empirics.sae_folder import save_sae
-from dictcheck.empirics.sae_formats import detect_format, load_any_sae
-from dictcheck.empirics.sae_io import SaeConfig
-from dictcheck.empirics.training import TrainConfig
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.data.row_source import RowSource, open_rows
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.io.formats import detect_format, load_any_sae
+from dictcheck.empirics.io.sae_folder import save_sae
+from dictcheck.empirics.io.saelens import SaeConfig
+from dictcheck.empirics.io.safe_files import folder_lock
+from dictcheck.empirics.metrics.reconstruction import StreamingMetrics
+from dictcheck.empirics.training.encoder_fit import fit_encoder
+from dictcheck.empirics.training.loop import TrainConfig
 from dictcheck.solvers.lasso_codes import CodeSolver, exact_codes
 from dictcheck.solvers.polish import PolishResult, Sweep, polish_dictionary
 from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics

@@ -1,7 +1,7 @@
 """The report of ``dictcheck check-sae``: a trained SAE folder against the theory, at real sizes.
 
 For an SAE folder of any format dictcheck reads (SAELens / dictcheck, sparsify, dictionary_learning:
-:func:`dictcheck.empirics.sae_formats.load_any_sae`, with SAELens' semantics for its options) and data
+:func:`dictcheck.empirics.io.formats.load_any_sae`, with SAELens' semantics for its options) and data
 read a batch at a time (an ``.npy`` file memory-mapped, an activation store, or an array):
 
 * **λ** (docs/theory.md §1, §7): given; else the folder's, for SAEs trained on objective (1) (dictcheck's
@@ -23,7 +23,7 @@ read a batch at a time (an ``.npy`` file memory-mapped, an activation store, or 
   SAE written as a folder.
 
 Objective (1) and the conditions are evaluated in the SAE's input space (after ``normalize_activations``;
-see :mod:`dictcheck.empirics.activation_normalisation` for the Decision). Memory: the codes (O(nnz)), a few
+see :mod:`dictcheck.empirics.architectures.activation_normalisation` for the Decision). Memory: the codes (O(nnz)), a few
 (D, d_z) accumulators, one batch, and the normalised tokens (8·N·D bytes, which the Huber median needs).
 """
 
@@ -41,11 +41,11 @@ import torch
 from numpy.typing import NDArray
 
 from dictcheck.empirics.architectures import architecture
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.metrics import StreamingMetrics
-from dictcheck.empirics.row_source import RowSource, open_rows
-from dictcheck.empirics.sae_formats import load_any_sae
-from dictcheck.empirics.sae_io import SaeConfig
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.metrics.reconstruction import StreamingMetrics
+from dictcheck.empirics.data.row_source import RowSource, open_rows
+from dictcheck.empirics.io.formats import load_any_sae
+from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.proofs_checks.sae_polish import PolishInputs, PolishSettings, polish_report, polish_split, write_polished
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck

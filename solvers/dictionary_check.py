@@ -10,7 +10,7 @@ the best-new-atom search of S6, and the wide-limit gap and certificate of §2.3.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -24,6 +24,7 @@ from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, co
 from dictcheck.theory.certificate import certified_gap
 from dictcheck.theory.diagnostics import DictionaryDiagnostics, residuals
 from dictcheck.theory.objective import centred
+from dictcheck.theory.scaling import canonical_scale
 
 #: Atoms whose norm differs from 1 by more than this are reported as renormalised.
 UNIT_NORM_RTOL = 1e-12
@@ -44,11 +45,22 @@ def learn_bias(W: NDArray, X: NDArray, lam: float, *, b0: ArrayLike | None = Non
 
     The inner minimum is convex and C¹ in b with gradient −(2/N) R1 (envelope theorem), so
     L-BFGS on b with exact codes at every evaluation converges to the optimal bias. It stops when
-    ‖R1‖/N ≤ λ·tol (the learned-bias condition Σ_i r_i = 0 of spec §3 (4)).
+    ‖R1‖/N ≤ λ·tol (the learned-bias condition Σ_i r_i = 0 of spec §3 (4)). L-BFGS's first step has unit length,
+    so it runs at the canonical scale σ = :func:`dictcheck.theory.scaling.canonical_scale` (λ) (X, b₀ and λ divided
+    by σ, the bias, codes and ‖R1‖/N multiplied back).
     """
     X = np.asarray(X, dtype=np.float64)
+    sigma = canonical_scale(lam)
+    fitted = _learn_bias(W, X / sigma, lam / sigma, None if b0 is None else np.asarray(b0, dtype=np.float64) / sigma,
+                         tol)
+    return LearnedBias(b=fitted.b * sigma, codes=replace(fitted.codes, Z=fitted.codes.Z * sigma),
+                       residual_mean_norm=fitted.residual_mean_norm * sigma, iterations=fitted.iterations)
+
+
+def _learn_bias(W: NDArray, X: NDArray, lam: float, b0: NDArray | None, tol: float) -> LearnedBias:
+    """:func:`learn_bias` at the canonical scale."""
     N = X.shape[1]
-    b0 = np.mean(X, axis=1) if b0 is None else np.asarray(b0, dtype=np.float64)
+    b0 = np.mean(X, axis=1) if b0 is None else b0
     cache: dict[bytes, ExactCodes] = {}
 
     def value_and_grad(b: NDArray) -> tuple[float, NDArray]:

@@ -83,6 +83,8 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
+from dictcheck.theory.scaling import canonical_scale
+
 __all__ = ["ExactCodes", "exact_codes", "kkt_violation"]
 
 
@@ -346,6 +348,22 @@ def _make_ctx(Wn: NDArray, lam: float, tol: float, dev: torch.device, dtype: tor
         cmax2=float(np.max(np.sum(Wn * Wn, axis=0))),
         lam=lam, tol=tol, eps=0.5 * tol * lam,
     )
+
+
+#: Largest canonical-scale bound on |q| for which the float32 screen is used: far below float32's 3.4e38, so
+#: neither q̃ nor the screen's products G̃z overflow (above it every gradient is computed in float64).
+_SCREEN_MAX = 1e30
+
+
+def _at_scale(ctx: _Ctx, X: NDArray, b: NDArray, lam: float, tol: float, sigma: float) -> _Ctx:
+    """The per-call constants at the canonical scale (x̃/σ, λ/σ = ``lam``), with the float32 screen switched
+    off when the correlations q = Wᵀx̃/σ − λ could exceed :data:`_SCREEN_MAX` (data beyond ~1e30·λ)."""
+    ctx = dataclasses.replace(ctx, lam=lam, tol=tol, eps=0.5 * tol * lam)
+    if ctx.u_screen and X.size:
+        x_max = max(abs(float(X.max())), abs(float(X.min()))) + float(np.abs(b).max(initial=0.0))
+        if x_max / sigma * math.sqrt(ctx.D * ctx.cmax2) + lam > _SCREEN_MAX:
+            ctx = dataclasses.replace(ctx, Gs=ctx.G, Ws=ctx.W, WTs=ctx.WT, u_screen=0.0)
+    return ctx
 
 
 def _gram_product(
@@ -924,16 +942,20 @@ def _ldp_codes(W: NDArray, q: NDArray) -> NDArray:
     from scipy.optimize import nnls
 
     D, d_z = W.shape
+    # E stacks −W (the atoms' scale) on qᵀ (the data's): NNLS loses accuracy as ‖q‖² when the two differ, so
+    # the program is solved for q/α (its codes are z/α: homogeneity, docs/theory.md §1.1), α a power of two
+    # near max |q| (exact).
+    alpha = canonical_scale(float(np.max(np.abs(q)))) if np.any(q) else 1.0
     E = np.empty((D + 1, d_z))
     E[:D] = -W
-    E[D] = q
+    E[D] = q / alpha
     f = np.zeros(D + 1)
     f[D] = 1.0
     w, _ = nnls(E, f, maxiter=max(100, 50 * d_z))
-    den = 1.0 - float(q @ w)
+    den = 1.0 - float(E[D] @ w)
     if not (den > 0.0 and np.isfinite(den)):  # cannot happen: C contains r with Wᵀr = 0 ≤ λ
         return np.zeros(d_z)
-    return w / den
+    return w * (alpha / den)
 
 
 def _phase_c(ctx: _Ctx, Q: torch.Tensor, pts: torch.Tensor, res: _Results) -> None:
@@ -1200,11 +1222,14 @@ class CodeSolver:
             raise ValueError(f"workers must be a positive integer or None; got {workers!r}")
         from dictcheck.solvers.active_set import write_rows
 
-        ctx = dataclasses.replace(self._ctx, lam=lam, tol=tol, eps=0.5 * tol * lam)
+        # The canonical scale (theory.scaling, docs/theory.md §1.1): x̃ and λ divided by the power of two σ nearest
+        # λ, the codes multiplied by σ at the end; exact, so the result is homogeneous by construction.
+        sigma = canonical_scale(lam)
+        ctx = _at_scale(self._ctx, Xn, bv, lam / sigma, tol, sigma)
         N = Xn.shape[1]
         init_cols = None if init is None else _as_guess(init, d_z, N)
         B = int(batch_size) if batch_size is not None else _default_batch(D, d_z)
-        bt = torch.as_tensor(bv, device=dev).to(dtype)
+        bt = torch.as_tensor(bv / sigma, device=dev).to(dtype)
 
         if sparse_output:
             rows_l: list[np.ndarray] = []
@@ -1232,11 +1257,11 @@ class CodeSolver:
             """Solve one segment; dense codes are written into its rows of Zt here, in compiled
             code without the GIL, so the output's page faults and scatter run in the workers."""
             s, e = seg
-            Xc = torch.as_tensor(np.ascontiguousarray(Xn[:, s:e].T), device=dev).to(dtype) - bt
+            Xc = torch.as_tensor(np.multiply(Xn[:, s:e].T, 1.0 / sigma, order="C"), device=dev).to(dtype) - bt
             F0 = None if init_cols is None else _guess_sets(ctx, init_cols(s, e), dev)
             idx, val, viol, it = _solve_batch(ctx, Xc, max_iter, F0)
             idx_np = idx.cpu().numpy()
-            val_np = val.to(torch.float64).cpu().numpy()
+            val_np = val.to(torch.float64).cpu().numpy() * sigma
             if sparse_output:
                 pr, pc = np.nonzero((idx_np < d_z) & (val_np > 0))
                 return (idx_np[pr, pc], pr + s, val_np[pr, pc]), pr.size, viol, it

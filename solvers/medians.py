@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from dictcheck.theory.huber import huber_objective_hessian
+from dictcheck.theory.scaling import canonical_scale
 
 
 _MAX_NEWTON_DIM = 512
@@ -51,6 +52,14 @@ class MedianResult:
     suboptimality_bound: float
     converged: bool
     seconds: float
+
+    def scaled(self, s: float, degree: int) -> MedianResult:
+        """The result for the data times s (docs/theory.md §1.1): b·s, the objective (of degree ``degree``: 2 for
+        Huber, 1 for the geometric median) and the suboptimality bound times s^degree, the gradient norm times
+        s^(degree − 1)."""
+        return replace(self, b=self.b * s, objective=self.objective * s**degree,
+                       gradient_norm=self.gradient_norm * s ** (degree - 1),
+                       suboptimality_bound=self.suboptimality_bound * s**degree)
 
 
 @dataclass(frozen=True)
@@ -213,12 +222,20 @@ def huber_median(
 ) -> MedianResult:
     """Huber-smoothed geometric median b* = argmin_b (1/N) Σ_i h_λ(‖x_i − b‖) (spec §4.3).
 
-    X has shape (D, N), points as columns. Stops when ‖∇H(b)‖ ≤ 2λ·tol.
+    X has shape (D, N), points as columns. Stops when ‖∇H(b)‖ ≤ 2λ·tol. Computed at the canonical scale
+    σ = :func:`dictcheck.theory.scaling.canonical_scale` (λ) (X, b₀ and λ divided by σ, the result scaled back).
     """
     start = time.perf_counter()
     X = _validate(X)
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"lam must be positive and finite, got {lam}")
+    sigma = canonical_scale(lam)
+    return _huber_median(X / sigma, lam / sigma, tol, max_iter, None if b0 is None else np.asarray(b0) / sigma,
+                         start).scaled(sigma, 2)
+
+
+def _huber_median(X: NDArray, lam: float, tol: float, max_iter: int, b0: NDArray | None, start: float) -> MedianResult:
+    """:func:`huber_median` at the canonical scale."""
     stop = 2.0 * lam * tol
     if X.shape[0] == 1:
         b = np.array([_huber_median_1d(X[0], lam)])
@@ -233,10 +250,20 @@ def huber_median(
 def geometric_median(X: NDArray, *, tol: float = 1e-10, max_iter: int = 1000, b0: NDArray | None = None) -> MedianResult:
     """Geometric median argmin_b (1/N) Σ_i ‖x_i − b‖ of the columns of X (spec §4.3).
 
-    Stops when the minimum-norm subgradient has norm ≤ tol. In 1-D returns the sample median.
+    Stops when the minimum-norm subgradient has norm ≤ tol. In 1-D returns the sample median. Computed at the
+    canonical scale σ = :func:`dictcheck.theory.scaling.canonical_scale` (max |x|) (X and b₀ divided by σ, the
+    result scaled back).
     """
     start = time.perf_counter()
     X = _validate(X)
+    biggest = float(np.max(np.abs(X)))
+    sigma = canonical_scale(biggest) if biggest > 0 else 1.0
+    return _geometric_median(X / sigma, tol, max_iter, None if b0 is None else np.asarray(b0) / sigma,
+                             start).scaled(sigma, 1)
+
+
+def _geometric_median(X: NDArray, tol: float, max_iter: int, b0: NDArray | None, start: float) -> MedianResult:
+    """:func:`geometric_median` at the canonical scale (max |x| within a factor √2 of 1)."""
     scale = max(float(np.max(np.abs(X))), 1.0)
     if X.shape[0] == 1:
         b = np.array([float(np.median(X[0]))])

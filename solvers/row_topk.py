@@ -3,7 +3,7 @@
 :func:`topk_rows` (numba, ``nogil``) fills vals[r], idx[r] with the m largest entries of row r of a
 (n, d) matrix, sorted by value (largest first; equal values by column), the same as
 ``torch.topk(a, m, dim=1)`` up to the order of equal values. It serves the TopK family's sparse
-step (:mod:`dictcheck.empirics.topk_select`, which splits rows over threads and never materialises
+step (:mod:`dictcheck.empirics.kernels.topk_select`, which splits rows over threads and never materialises
 the pre-activation) and the candidate atoms of the exact codes' compiled phase A
 (:mod:`dictcheck.solvers.lasso_codes`). Per row:
 

@@ -1,4 +1,4 @@
-"""Sharded activation store and the shipped corpus (empirics/activation_store.py, empirics/corpus.py;
+"""Sharded activation store and the shipped corpus (empirics/data/activation_store.py, empirics/data/corpus.py;
 docs/ecosystem.md §5). Extraction runs on tinycoder (2 layers, d 16)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics import activation_store, corpus
-from dictcheck.empirics.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
-from dictcheck.empirics.lm_models import load_lm, sha256_file
+from dictcheck.empirics.data import activation_store, corpus
+from dictcheck.empirics.data.activation_store import extract_activations, is_activation_dir, open_activations, token_windows
+from dictcheck.empirics.data.lm_models import load_lm, sha256_file
 
 N, CONTEXT, SHARD = 300, 16, 128  # 300 rows in shards of 128, 128, 44; 15 rows per window
 

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from dictcheck.empirics.activation_store import open_activations
+from dictcheck.empirics.data.activation_store import open_activations
 from dictcheck.proofs_checks.cli import main
 
 TINY = ["activations", "--model", "tinycoder", "--context", "8", "--shard-tokens", "32"]

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from dictcheck.empirics.manifold_toy import make_manifold_benchmark
+from dictcheck.empirics.data.manifold_toy import make_manifold_benchmark
 from dictcheck.proofs_checks.cli import main
-from dictcheck.empirics.manifold_bench import QUICK, prepare
+from dictcheck.empirics.metrics.manifold_bench import QUICK, prepare
 
 
 def _run(argv: list[str]) -> int:
@@ -74,7 +74,7 @@ def test_bad_input_exit_2_one_line(argv, capsys):
 def test_restart_protocol_candidates_and_choice():
     from dataclasses import replace
 
-    from dictcheck.empirics.manifold_bench import train_best
+    from dictcheck.empirics.metrics.manifold_bench import train_best
 
     s = replace(QUICK, restarts=3, lrs=(1e-3, 1e-2))
     assert s.candidates(1) == [(3, 1e-3), (3, 1e-2), (4, 1e-3), (4, 1e-2), (5, 1e-3), (5, 1e-2)]

@@ -1,4 +1,4 @@
-"""Tests for theory.bilinear_lifted and empirics.bilinear_models (docs/bilinear.md §0–§5, §9, §10)."""
+"""Tests for theory.bilinear_lifted and empirics.architectures.bilinear (docs/bilinear.md §0–§5, §9, §10)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.bilinear_models import ARCHS, HOYER_WARMUP_STEPS, hoyer_mean
-from dictcheck.empirics.sae_folder import load_featurizer, load_sae, new_sae_config, save_sae
+from dictcheck.empirics.architectures.bilinear import ARCHS, HOYER_WARMUP_STEPS, hoyer_mean
+from dictcheck.empirics.io.sae_folder import load_featurizer, load_sae, new_sae_config, save_sae
 from dictcheck.theory.bilinear_lifted import (
     BilinearDictionary,
     block_pairs,
@@ -423,7 +423,7 @@ def test_ordered_loss_equals_mean_over_prefixes(prior, decoder):
 # ----------------------------------------------------------------------------- the shared training loop
 @pytest.mark.parametrize("arch,opts", MODEL_VARIANTS)
 def test_trains_and_saves_through_the_shared_loop(arch, opts, tmp_path):
-    from dictcheck.empirics.training import TrainConfig, train
+    from dictcheck.empirics.training.loop import TrainConfig, train
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 5)) @ rng.normal(size=(5, 5))
@@ -441,7 +441,7 @@ def test_trains_and_saves_through_the_shared_loop(arch, opts, tmp_path):
 
 # ----------------------------------------------------------------------------- the authors' Muon regime (§8)
 def test_muon_schedule_and_training_is_deterministic():
-    from dictcheck.empirics.bilinear_models import MuonConfig, train_muon
+    from dictcheck.empirics.architectures.bilinear import MuonConfig, train_muon
 
     cfg = MuonConfig(steps=40, batch_size=32, lr=0.02, seed=3)
     assert [cfg.lr_factor(s) for s in (0, 19, 20, 30)] == [1.0, 1.0, 1.0, 0.5]

@@ -1,4 +1,4 @@
-"""Tests for empirics.bsf_models (docs/bsf.md §2–§4, §9)."""
+"""Tests for empirics.architectures.bsf (docs/bsf.md §2–§4, §9)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from dictcheck.empirics.architectures import architecture
 from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.bsf_models import ARCHS, BlockSparseFeaturizer
-from dictcheck.empirics.straight_through import StepFn
-from dictcheck.empirics.featurizer import FeaturizerOutput
+from dictcheck.empirics.architectures.bsf import ARCHS, BlockSparseFeaturizer
+from dictcheck.empirics.kernels.straight_through import StepFn
+from dictcheck.empirics.architectures.featurizer import FeaturizerOutput
 from dictcheck.theory.block_sparse import block_soft_threshold as np_soft_threshold
 from dictcheck.theory.block_sparse import block_topk as np_topk
 
@@ -59,7 +59,7 @@ def _perturbed(model: BlockSparseFeaturizer, seed: int = 5) -> BlockSparseFeatur
 
 
 def _adam_steps(model: BlockSparseFeaturizer, x: torch.Tensor, steps: int, after_step) -> None:
-    """The training loop's hook order (empirics.featurizer): forward, backward, project, clip, step, project."""
+    """The training loop's hook order (empirics.architectures.featurizer): forward, backward, project, clip, step, project."""
     opt = torch.optim.Adam(model.parameters(), lr=5e-2)
     model.project_parameters_()
     for _ in range(steps):
@@ -365,9 +365,9 @@ def test_firing_metrics_count_dead_blocks():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_training_loop_saves_a_loadable_folder(arch, tmp_path):
-    """empirics.training.train drives the BSF; the saved folder reloads into an identical model."""
-    from dictcheck.empirics.sae_folder import load_sae
-    from dictcheck.empirics.training import TrainConfig, train
+    """empirics.training.loop.train drives the BSF; the saved folder reloads into an identical model."""
+    from dictcheck.empirics.io.sae_folder import load_sae
+    from dictcheck.empirics.training.loop import TrainConfig, train
 
     X = np.random.default_rng(0).normal(size=(64, D))
     cfg = TrainConfig(steps=3, batch_size=16, seed=0, device="cpu", checkpoint_every=0, log_every=3,

@@ -13,10 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dictcheck.empirics.manifold_bench as mb
+import dictcheck.empirics.metrics.manifold_bench as mb
 from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.manifold_metrics import default_precisions, mdl_bits, recovery, sae_blocks
-from dictcheck.empirics.manifold_toy import ManifoldConfig, make_manifold_benchmark, sample_manifold
+from dictcheck.empirics.metrics.manifold import default_precisions, mdl_bits, recovery, sae_blocks
+from dictcheck.empirics.data.manifold_toy import ManifoldConfig, make_manifold_benchmark, sample_manifold
 from dictcheck.theory.symbolic import analytic_l21_unit_costs
 
 F64 = torch.float64

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dictcheck.empirics.toy_data import make_toy
+from dictcheck.empirics.data.toys import make_toy
 from dictcheck.proofs_checks.cli import main
 from dictcheck.solvers.reference_learner import fit_reference
 

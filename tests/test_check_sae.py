@@ -14,10 +14,10 @@ import pytest
 import safetensors.torch
 import torch
 
-from dictcheck.empirics.activation_store import FORMAT, MANIFEST
-from dictcheck.empirics.sae_folder import new_sae_config, save_sae
-from dictcheck.empirics.sae_models import make_sae
-from dictcheck.empirics.toy_data import make_toy
+from dictcheck.empirics.data.activation_store import FORMAT, MANIFEST
+from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
+from dictcheck.empirics.architectures.linear_sae import make_sae
+from dictcheck.empirics.data.toys import make_toy
 from dictcheck.proofs_checks.cli import main
 from dictcheck.solvers.lam_search import lam_for_l0
 from dictcheck.solvers.lasso_codes import exact_codes

@@ -1,4 +1,4 @@
-"""Data-parallel training (issue 8, empirics.distributed): two gloo ranks started by
+"""Data-parallel training (issue 8, empirics.training.distributed): two gloo ranks started by
 ``dictcheck train --nproc 2`` train the same SAE as one process with the doubled per-rank batch;
 a rank killed mid-run fails the job with one clear line and ``--resume`` finishes it exactly."""
 
@@ -18,11 +18,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.activation_store import FORMAT, MANIFEST, open_activations
+from dictcheck.empirics.data.activation_store import FORMAT, MANIFEST, open_activations
 from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.distributed import World, rank_seed
-from dictcheck.empirics.sae_folder import load_sae
-from dictcheck.empirics.training import TrainConfig, train
+from dictcheck.empirics.training.distributed import World, rank_seed
+from dictcheck.empirics.io.sae_folder import load_sae
+from dictcheck.empirics.training.loop import TrainConfig, train
 from dictcheck.proofs_checks.cli import build_parser, main
 from dictcheck.proofs_checks.cli.train import _root_failure, _worker_argv
 

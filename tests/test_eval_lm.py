@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from dictcheck.empirics.sae_folder import new_sae_config, save_sae
+from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
 from dictcheck.proofs_checks.cli import eval_lm as cmd_eval_lm
 from dictcheck.proofs_checks.errors import UserError
 

@@ -1,4 +1,4 @@
-"""The training loop drives any Featurizer through its hooks (empirics/featurizer.py)."""
+"""The training loop drives any Featurizer through its hooks (empirics/architectures/featurizer.py)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from dictcheck.empirics.architectures import (
     register,
     unregister,
 )
-from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
-from dictcheck.empirics.sae_folder import load_featurizer
-from dictcheck.empirics.training import ARCHS, TrainConfig, train
+from dictcheck.empirics.architectures.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.io.sae_folder import load_featurizer
+from dictcheck.empirics.training.loop import ARCHS, TrainConfig, train
 from dictcheck.proofs_checks.cli import main
 
 
@@ -135,7 +135,7 @@ def test_a_toy_architecture_registered_in_a_test_trains_saves_loads_and_has_cli_
     assert json.loads((tmp_path / "cli" / "cfg.json").read_text())["metadata"]["dictcheck"]["training"][
         "options"] == {"scale": 0.5}
     with pytest.raises(SystemExit):
-        main(["train", "--help"])
+        main(["train", "--arch", "toy-linear", "--help"])
     assert "--scale" in capsys.readouterr().out
 
 

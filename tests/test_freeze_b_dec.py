@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.training import TrainConfig, train
+from dictcheck.empirics.training.loop import TrainConfig, train
 
 
 def _trained(arch: str, options: dict, b_dec_init: str, steps: int = 30):

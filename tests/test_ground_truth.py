@@ -1,4 +1,4 @@
-"""Ground-truth metrics (dictcheck.empirics.ground_truth, docs/ecosystem.md §6): brute-force and loop re-derivations,
+"""Ground-truth metrics (dictcheck.empirics.metrics.ground_truth, docs/ecosystem.md §6): brute-force and loop re-derivations,
 batching and sparse inputs, and reference values SAELens 6.54.12 computed on a fixed case (its own equality with
 ``eval_sae_on_synthetic_data`` on trained-like SAEs is tests/test_ground_truth_saelens.py, in the benchmark venv)."""
 
@@ -12,7 +12,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.ground_truth import (
+from dictcheck.empirics.metrics.ground_truth import (
     GroundTruthEval,
     abs_cosines,
     best_matches,

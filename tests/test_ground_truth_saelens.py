@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.ground_truth import GroundTruthEval
-from dictcheck.empirics.sae_folder import new_sae_config, save_sae
-from dictcheck.empirics.synthetic import FoldedNormal, HierarchySpec, SyntheticModel, SyntheticSpec, ZipfFiring
+from dictcheck.empirics.metrics.ground_truth import GroundTruthEval
+from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
+from dictcheck.empirics.data.synthetic import FoldedNormal, HierarchySpec, SyntheticModel, SyntheticSpec, ZipfFiring
 
 sae_lens = pytest.importorskip("sae_lens")
 from sae_lens.synthetic import evals as sl_evals  # noqa: E402

@@ -63,7 +63,7 @@ def _local_model(tmp: Path, name: str, *, truncate: bool = False, nan: bool = Fa
     """A local Hugging Face model folder: tinycoder's config and tokenizer with damaged weights."""
     from safetensors.torch import save_file
 
-    from dictcheck.empirics.lm_models import load_lm
+    from dictcheck.empirics.data.lm_models import load_lm
 
     tiny = load_lm("tinycoder")
     folder = tmp / name
@@ -132,7 +132,7 @@ def _sae_folders(root: Path) -> None:
     """A relu SAE (d_in 4), a bilinear model, and copies with a deep, a huge and a truncated file."""
     import dictcheck
     from dictcheck.empirics.architectures import build_model
-    from dictcheck.empirics.sae_folder import new_sae_config, save_sae
+    from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
 
     X = np.load(root / "data.npy").astype(np.float32)
     dictcheck.train(X, "relu", 6, {"lam": 0.1}, steps=3, batch_size=4, out=str(root / "sae"), progress=False)

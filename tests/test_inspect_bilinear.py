@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.sae_folder import new_sae_config, save_sae
+from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
 from dictcheck.proofs_checks.cli import main
 from dictcheck.theory.quadric_geometry import FactoredForms, readout
 

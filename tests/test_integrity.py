@@ -29,9 +29,9 @@ import pytest
 import torch
 
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.checkpoints import check_checkpoint, checkpoints
-from dictcheck.empirics.safe_io import LOCK_FILE
-from dictcheck.empirics.training import TrainConfig, train
+from dictcheck.empirics.training.checkpoints import check_checkpoint, checkpoints
+from dictcheck.empirics.io.safe_files import LOCK_FILE
+from dictcheck.empirics.training.loop import TrainConfig, train
 from dictcheck.proofs_checks.runner import select_checks
 
 CLI = [sys.executable, "-m", "dictcheck.proofs_checks.cli"]
@@ -39,7 +39,7 @@ CLI = [sys.executable, "-m", "dictcheck.proofs_checks.cli"]
 SLOW_RUN = ["run", "--quick", "--only", "narrow.absorption,narrow.antipodal_50pct"]
 _HOLD = """
 import sys, time
-from dictcheck.empirics.safe_io import folder_lock
+from dictcheck.empirics.io.safe_files import folder_lock
 with folder_lock(sys.argv[1], "a test holder"):
     print("locked", flush=True)
     time.sleep(600)

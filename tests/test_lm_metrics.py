@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dictcheck.empirics.lm_metrics import alignment_metrics, ce_and_kl, feature_names, next_token_logp, splice_metrics
-from dictcheck.empirics.lm_models import lm_loss, load_lm
+from dictcheck.empirics.metrics.lm import alignment_metrics, ce_and_kl, feature_names, next_token_logp, splice_metrics
+from dictcheck.empirics.data.lm_models import lm_loss, load_lm
 from dictcheck.empirics.architectures.vasae import make_vasae
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Offline LM loading and residual hooks (empirics/lm_models.py; docs/ecosystem.md §5, docs/vasae.md §1).
+"""Offline LM loading and residual hooks (empirics/data/lm_models.py; docs/ecosystem.md §5, docs/vasae.md §1).
 
 tinycoder (untrained 2-layer LLaMA, d 16) keeps these fast; the tests marked ``slow`` load the real
 SmolLM2-135M-Instruct once per run and check the verified facts of docs/ecosystem.md §5.
@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dictcheck.empirics import lm_models
-from dictcheck.empirics.lm_models import capture_residual, lm_loss, load_lm, replace_residual, residual_at
+from dictcheck.empirics.data import lm_models
+from dictcheck.empirics.data.lm_models import capture_residual, lm_loss, load_lm, replace_residual, residual_at
 
 
 @pytest.fixture(scope="session")

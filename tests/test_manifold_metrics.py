@@ -10,7 +10,7 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.manifold_metrics import (
+from dictcheck.empirics.metrics.manifold import (
     MDLPrecisions,
     best_direction_fraction,
     binary_entropy,
@@ -25,7 +25,7 @@ from dictcheck.empirics.manifold_metrics import (
     sae_blocks,
     stable_rank,
 )
-from dictcheck.empirics.manifold_toy import ManifoldConfig, make_manifold_benchmark, sample_manifold
+from dictcheck.empirics.data.manifold_toy import ManifoldConfig, make_manifold_benchmark, sample_manifold
 from dictcheck.theory.symbolic import analytic_best_direction_fraction, analytic_nonnegative_circle_r2
 
 CFG = ManifoldConfig(D=30, counts=(("circle", 2), ("sphere", 2), ("torus", 2)), n_train=20, n_eval=400)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.manifold_toy import (
+from dictcheck.empirics.data.manifold_toy import (
     MANIFOLD_DIMS,
     ManifoldConfig,
     make_manifold_benchmark,

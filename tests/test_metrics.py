@@ -1,4 +1,4 @@
-"""Tests for empirics/metrics.py (docs/ecosystem.md §2, docs/theory.md §6 amortisation_gap).
+"""Tests for empirics/metrics/reconstruction.py (docs/ecosystem.md §2, docs/theory.md §6 amortisation_gap).
 
 Metrics take tokens as ROWS (N, D); amortisation_gap takes the theory layout X (D, N).
 """
@@ -13,7 +13,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics import metrics as M
+from dictcheck.empirics.metrics import reconstruction as M
 from dictcheck.solvers.lasso_codes import exact_codes
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)

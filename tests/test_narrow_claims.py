@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.toy_data import make_toy
+from dictcheck.empirics.data.toys import make_toy
 from dictcheck.solvers.lasso_codes import exact_codes
 from dictcheck.solvers.reference_learner import fit_reference
 from dictcheck.solvers.revival import distinct_atoms, fit_with_revival

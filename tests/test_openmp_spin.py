@@ -1,4 +1,4 @@
-"""empirics/openmp_spin.py: GOMP_SPINCOUNT is set before torch loads, never over the user's setting or
+"""empirics/kernels/openmp_spin.py: GOMP_SPINCOUNT is set before torch loads, never over the user's setting or
 after torch (libgomp reads it once, at load); the ``dictcheck`` command sets it before any command runs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dictcheck.empirics.openmp_spin import SPIN_COUNT, SPIN_ENV
+from dictcheck.empirics.kernels.openmp_spin import SPIN_COUNT, SPIN_ENV
 
 _REPORT = "import os, sys; print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)"
 
@@ -28,7 +28,7 @@ def _fresh(code: str, **env: str) -> str:
     ("import torch; ", {}, "False\nNone True"),  # too late: libgomp has read its environment
 ])
 def test_set_only_before_torch_and_never_over_the_user(before: str, env: dict[str, str], expected: str) -> None:
-    code = f"{before}from dictcheck.empirics.openmp_spin import shorten_openmp_spin; print(shorten_openmp_spin()); {_REPORT}"
+    code = f"{before}from dictcheck.empirics.kernels.openmp_spin import shorten_openmp_spin; print(shorten_openmp_spin()); {_REPORT}"
     assert _fresh(code, **env) == expected
 
 

@@ -12,8 +12,8 @@ import safetensors.torch
 import torch
 
 import dictcheck
-from dictcheck.empirics.sae_folder import load_featurizer
-from dictcheck.empirics.synthetic import SyntheticModel, SyntheticSpec, ZipfFiring
+from dictcheck.empirics.io.sae_folder import load_featurizer
+from dictcheck.empirics.data.synthetic import SyntheticModel, SyntheticSpec, ZipfFiring
 from dictcheck.proofs_checks import sae_polish
 from dictcheck.proofs_checks.cli import main
 from dictcheck.solvers.polish import exact_code_objective

@@ -1,4 +1,4 @@
-"""The quadric toy's ground truth is consistent (empirics/quadric_toy.py)."""
+"""The quadric toy's ground truth is consistent (empirics/data/quadric_toy.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.quadric_toy import SHAPE_DIM, SHAPE_LABEL, make_quadric_toy
+from dictcheck.empirics.data.quadric_toy import SHAPE_DIM, SHAPE_LABEL, make_quadric_toy
 from dictcheck.theory.quadric_geometry import readout
 
 

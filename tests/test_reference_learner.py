@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.toy_data import dense_feature, independent_features, parent_child
+from dictcheck.empirics.data.toys import dense_feature, independent_features, parent_child
 from dictcheck.solvers.reference_learner import (
     ReferenceFit,
     fit_reference,
@@ -400,7 +400,7 @@ TABLE_51 = {  # λ: {p: (b*, mean objective)}  docs/theory.md §5.1, a = 2, N = 
 
 @pytest.mark.parametrize("lam,p", [(lam, p) for lam, row in TABLE_51.items() for p in row])
 def test_dense_scalar_table(lam, p):
-    from dictcheck.empirics.toy_data import dense_scalar
+    from dictcheck.empirics.data.toys import dense_scalar
     from dictcheck.theory.dense_scalar import dense_scalar_optimum
 
     toy = dense_scalar(p=p, lam=lam)

@@ -82,7 +82,7 @@ def test_pair_needs_disjoint_supports() -> None:
 
 
 def test_absorption_measures_on_ground_truth_and_a_tilt() -> None:
-    from dictcheck.empirics.toy_data import make_toy
+    from dictcheck.empirics.data.toys import make_toy
     from dictcheck.proofs_checks.checks.sae import absorption_measures
     from dictcheck.solvers.lasso_codes import exact_codes
 

@@ -1,4 +1,4 @@
-"""Tests for empirics.sae_io: the SAELens-compatible save format (docs/ecosystem.md §1)."""
+"""Tests for empirics.io.saelens: the SAELens-compatible save format (docs/ecosystem.md §1)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import pytest
 import safetensors.torch
 import torch
 
-from dictcheck.empirics import sae_io
+from dictcheck.empirics.io import saelens
 from dictcheck.empirics.architectures import REGISTRY, architecture
-from dictcheck.empirics.sae_formats import load_dictionary_learning, load_sparsify
-from dictcheck.empirics.sae_folder import arch_fields_of, arch_of, load_sae, new_sae_config, save_sae
-from dictcheck.empirics.sae_folder import schema_of as expected_shapes
-from dictcheck.empirics.sae_io import (
+from dictcheck.empirics.io.dictionary_learning import load_dictionary_learning
+from dictcheck.empirics.io.sparsify import load_sparsify
+from dictcheck.empirics.io.sae_folder import arch_fields_of, arch_of, load_sae, new_sae_config, save_sae
+from dictcheck.empirics.io.sae_folder import schema_of as expected_shapes
+from dictcheck.empirics.io.saelens import (
     CFG_FILE,
     METRICS_FILE,
     SPARSITY_FILE,
@@ -420,10 +421,10 @@ def test_atomic_write_crash_during_write_leaves_no_partial_file(tmp_path: Path, 
         calls["n"] += 1
         raise OSError("simulated crash during write")
 
-    monkeypatch.setattr(sae_io.os, "fsync", crashing_fsync)
+    monkeypatch.setattr(saelens.os, "fsync", crashing_fsync)
     with pytest.raises(OSError, match="simulated crash"):
         save_sae(tmp_path, w, cfg)
-    monkeypatch.setattr(sae_io.os, "fsync", real_fsync)
+    monkeypatch.setattr(saelens.os, "fsync", real_fsync)
     assert calls["n"] >= 1
     assert not (tmp_path / WEIGHTS_FILE).exists()
     assert not (tmp_path / CFG_FILE).exists()
@@ -433,7 +434,7 @@ def test_atomic_write_crash_during_write_leaves_no_partial_file(tmp_path: Path, 
 def test_atomic_write_crash_keeps_previous_version_intact(saved, monkeypatch):
     d, w_old, cfg = saved
     old_bytes = (d / WEIGHTS_FILE).read_bytes()
-    real_write = sae_io._atomic_write_bytes
+    real_write = saelens._atomic_write_bytes
     seen = []
 
     def half_then_crash(path, data):
@@ -442,7 +443,7 @@ def test_atomic_write_crash_keeps_previous_version_intact(saved, monkeypatch):
             raise KeyboardInterrupt
         return real_write(path, data)
 
-    monkeypatch.setattr(sae_io, "_atomic_write_bytes", half_then_crash)
+    monkeypatch.setattr(saelens, "_atomic_write_bytes", half_then_crash)
     with pytest.raises(KeyboardInterrupt):
         save_sae(d, make_weights(cfg, seed=1), cfg, metrics={"a": 1})
     assert seen[0] == WEIGHTS_FILE
@@ -459,7 +460,7 @@ def test_atomic_write_crash_inside_serialiser(tmp_path: Path, monkeypatch):
     def boom(tensors, metadata=None):
         raise RuntimeError("serialiser died")
 
-    monkeypatch.setattr(sae_io.safetensors.torch, "save", boom)
+    monkeypatch.setattr(saelens.safetensors.torch, "save", boom)
     with pytest.raises(RuntimeError):
         save_sae(tmp_path, make_weights(cfg), cfg)
     assert not (tmp_path / WEIGHTS_FILE).exists()

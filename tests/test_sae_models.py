@@ -1,4 +1,4 @@
-"""Tests for empirics.sae_models (docs/ecosystem.md §1, §3; docs/theory.md §1, §4.5)."""
+"""Tests for empirics.architectures.linear_sae (docs/ecosystem.md §1, §3; docs/theory.md §1, §4.5)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from dictcheck.empirics.featurizer import FeaturizerOutput
-from dictcheck.empirics.sae_models import ARCHS, SparseAutoencoder, make_sae
-from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
+from dictcheck.empirics.architectures.featurizer import FeaturizerOutput
+from dictcheck.empirics.architectures.linear_sae import ARCHS, SparseAutoencoder, make_sae
+from dictcheck.empirics.kernels.straight_through import JumpReLUFn, StepFn
 from dictcheck.theory.objective import sae_objective
 
 D_IN, D_SAE, B = 8, 24, 16
@@ -492,7 +492,7 @@ def test_batch_topk_selection_equals_flat_topk(seed, n, d, k, zero_frac):
     """The candidate-based batch top-k keeps exactly the entries of a flat top-(k·B) of ReLU(a):
     rows of very different scale hold more than 2k of them (the heavy-row path), negative
     pre-activations force ties at 0."""
-    from dictcheck.empirics.sae_models import _batch_topk
+    from dictcheck.empirics.architectures.linear_sae import _batch_topk
 
     k = min(k, d)
     g = torch.Generator().manual_seed(seed)

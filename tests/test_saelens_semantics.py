@@ -15,8 +15,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from dictcheck.empirics.sae_folder import load_featurizer
-from dictcheck.empirics.sae_io import SaeFormatError
+from dictcheck.empirics.io.sae_folder import load_featurizer
+from dictcheck.empirics.io.saelens import SaeFormatError
 
 D, Z, K = 6, 10, 3
 NORMS = ("none", "constant_norm_rescale", "layer_norm", "expected_average_only_in")

@@ -1,5 +1,5 @@
-"""Untrusted files, output folders and how the command line ends (empirics/safe_io.py,
-empirics/atomic_files.py, proofs_checks/cli/__init__.py)."""
+"""Untrusted files, output folders and how the command line ends (empirics/io/safe_files.py,
+empirics/io/atomic_files.py, proofs_checks/cli/__init__.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.safe_io import (
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.io.safe_files import (
     LOCK_FILE,
     FolderInUseError,
     check_output_dir,

@@ -1,4 +1,4 @@
-"""Tests for empirics.sparse_products: the compiled sparse products equal the dense ones (float64),
+"""Tests for empirics.kernels.sparse_products: the compiled sparse products equal the dense ones (float64),
 and neither the tiles of tokens nor the thread count changes a bit of them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.sparse_products import (
+from dictcheck.empirics.kernels.sparse_products import (
     by_latent,
     gather_dots,
     scatter_rows,

@@ -1,4 +1,4 @@
-"""The synthetic generator (dictcheck.empirics.synthetic, docs/ecosystem.md §6): each property against its
+"""The synthetic generator (dictcheck.empirics.data.synthetic, docs/ecosystem.md §6): each property against its
 definition. Its statistics against sae_lens.synthetic are tests/test_ground_truth_saelens.py (benchmark venv)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dictcheck.empirics.synthetic import (
+from dictcheck.empirics.data.synthetic import (
     FoldedNormal,
     HierarchySpec,
     SyntheticModel,

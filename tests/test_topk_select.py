@@ -1,4 +1,4 @@
-"""Tests for empirics.topk_select: the compiled row-wise top-m equals torch.topk (benchmarks/RESULTS.md §4)."""
+"""Tests for empirics.kernels.topk_select: the compiled row-wise top-m equals torch.topk (benchmarks/RESULTS.md §4)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics import topk_select
-from dictcheck.empirics.topk_select import ALIKE_ROWS, encoder_topk, row_blocks, row_topk
+from dictcheck.empirics.kernels import topk_select
+from dictcheck.empirics.kernels.topk_select import ALIKE_ROWS, encoder_topk, row_blocks, row_topk
 
 
 def _matrix(seed: int, n: int, d: int, dtype: torch.dtype, ties: bool) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Tests of the toy data generators (empirics/toy_data.py; docs/theory.md §4, §5)."""
+"""Tests of the toy data generators (empirics/data/toys.py; docs/theory.md §4, §5)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.toy_data import (
+from dictcheck.empirics.data.toys import (
     TOYS,
     Toy,
     clusters,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dictcheck.empirics.sae_folder import load_sae
+from dictcheck.empirics.io.sae_folder import load_sae
 from dictcheck.proofs_checks.cli import main
 
 

@@ -40,10 +40,13 @@ from trained_properties import (
     trained_settings,
 )
 
-from dictcheck.empirics import bilinear_models, bsf_models, checkpoints, metrics, sae_folder, sae_models, training
+from dictcheck.empirics.architectures import bilinear, bsf, linear_sae
+from dictcheck.empirics.io import sae_folder
+from dictcheck.empirics.metrics import reconstruction
+from dictcheck.empirics.training import checkpoints, loop
 from dictcheck.empirics.architectures import REGISTRY, architecture, build_model
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.training import TrainConfig
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.training.loop import TrainConfig
 from dictcheck.solvers import polish
 
 # ------------------------------------------------------------------------------------------------- properties
@@ -203,7 +206,7 @@ def test_chain_fails_when_the_objective_drops_the_2_on_lambda(monkeypatch: pytes
         R = np.asarray(X) - np.asarray(b).reshape(-1, 1) - W @ Z
         return float((np.sum(R * R) + lam * np.sum(np.abs(Z))) / R.shape[1])
 
-    monkeypatch.setattr(metrics, "sae_objective", one_lambda)
+    monkeypatch.setattr(reconstruction, "sae_objective", one_lambda)
     violations = objective_chain_violations(model, run.problem)
     assert any("H(b_dec)" in v and "> O(exact codes)" in v for v in violations), violations
 
@@ -250,8 +253,8 @@ def test_polish_fails_when_it_never_learns_the_bias(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("arch, options, owner, hook", [
-    ("relu", {"lam": 0.1}, sae_models.SparseAutoencoder, "normalise_decoder_"),
-    ("bsf-vanilla", {"k": 1, "block_size": 2}, bsf_models.BlockSparseFeaturizer, "project_parameters_"),
+    ("relu", {"lam": 0.1}, linear_sae.SparseAutoencoder, "normalise_decoder_"),
+    ("bsf-vanilla", {"k": 1, "block_size": 2}, bsf.BlockSparseFeaturizer, "project_parameters_"),
 ])
 def test_constraints_fail_when_the_projection_is_skipped(monkeypatch: pytest.MonkeyPatch, arch: str, options: dict,
                                                          owner: type, hook: str) -> None:
@@ -266,13 +269,13 @@ def test_constraints_fail_when_grassmann_frames_skip_the_qr(monkeypatch: pytest.
     """The raw B_g used as frames: orthonormal at init (B is built as a QR), not after a step."""
     run = _run(make_problem("clusters", seed=0, n=60, d=4), "bsf-grassmann", 4, {"k": 1, "block_size": 2}, steps=10)
     assert constraint_violations(run) == []
-    real = bsf_models._sign_fixed_q
+    real = bsf._sign_fixed_q
     model = run.build()
-    monkeypatch.setattr(bsf_models, "_sign_fixed_q", lambda G: G)
+    monkeypatch.setattr(bsf, "_sign_fixed_q", lambda G: G)
     monkeypatch.setattr(Run, "build", lambda self: model)  # the properly initialised model, trained broken
     violations = constraint_violations(run)
     assert violations and violations[0].startswith("after step 1:") and "qr_orthonormal" in violations[0], violations
-    assert real is not bsf_models._sign_fixed_q
+    assert real is not bsf._sign_fixed_q
 
 
 def test_lifted_floor_fails_when_the_kernel_term_is_halved(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -280,8 +283,8 @@ def test_lifted_floor_fails_when_the_kernel_term_is_halved(monkeypatch: pytest.M
     problem = make_problem("quadric", seed=1, n=200, d=3)
     run = _run(problem, "bilinear-atomic", 2, {"hoyer_coef": 0.0}, steps=80)
     assert lifted_floor_violations(run.train().model, problem) == []
-    real = bilinear_models.quadratic_term
-    monkeypatch.setattr(bilinear_models, "quadratic_term", lambda *a, **kw: 0.5 * real(*a, **kw))
+    real = bilinear.quadratic_term
+    monkeypatch.setattr(bilinear, "quadratic_term", lambda *a, **kw: 0.5 * real(*a, **kw))
     violations = lifted_floor_violations(run.train().model, problem)
     assert any("(forward)" in v and "< lifted-PCA floor" in v for v in violations), violations
 
@@ -318,6 +321,6 @@ def test_resume_fails_when_the_batch_rng_state_is_not_restored(monkeypatch: pyte
             found[1]["batch_rng"] = torch.Generator().manual_seed(12345).get_state()
         return found
 
-    monkeypatch.setattr(training, "resume_checkpoint", fresh_batch_rng)
+    monkeypatch.setattr(loop, "resume_checkpoint", fresh_batch_rng)
     violations = resume_violations(run, 12, tmp_path / "broken")
     assert any("resumed after step 12 (from 10)" in v for v in violations), violations

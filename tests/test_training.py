@@ -1,4 +1,4 @@
-"""Tests for empirics.training (docs/ecosystem.md §3): schedule, determinism, kill/resume, files."""
+"""Tests for empirics.training.loop (docs/ecosystem.md §3): schedule, determinism, kill/resume, files."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.checkpoints import CheckpointError
-from dictcheck.empirics.safe_io import ResourceError
-from dictcheck.empirics.sae_folder import load_sae
-from dictcheck.empirics.sae_io import load_metrics, load_sparsity
-from dictcheck.empirics.training import (
+from dictcheck.empirics.training.checkpoints import CheckpointError
+from dictcheck.empirics.io.safe_files import ResourceError
+from dictcheck.empirics.io.sae_folder import load_sae
+from dictcheck.empirics.io.saelens import load_metrics, load_sparsity
+from dictcheck.empirics.training.loop import (
     CHECKPOINT_DIR,
     LOG_FILE,
     TrainConfig,
@@ -348,9 +348,9 @@ def test_memory_and_disk_are_checked_before_allocating(tmp_path, monkeypatch):
     with pytest.raises(ResourceError, match="bilinear-compound .* TiB"):  # U is small, C is (1e6, 2e6)
         check_training_memory("bilinear-compound", 16, 10**6, {}, batch_size=32)
     check_training_memory("bilinear-compound", 12, 16, {}, batch_size=32)  # a small one fits
-    from dictcheck.empirics import safe_io
+    from dictcheck.empirics.io import safe_files
 
-    monkeypatch.setattr(safe_io.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})())
+    monkeypatch.setattr(safe_files.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})())
     with pytest.raises(ResourceError, match="needs about .* of disk but the file system of .* has 1000 B free"):
         _train(_data(), tmp_path / "out", steps=2)
     assert not (tmp_path / "out").exists()
@@ -371,9 +371,9 @@ _CHILD = """
 import json, sys, time
 import numpy as np
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.checkpoints import CheckpointError
-from dictcheck.empirics.safe_io import ResourceError
-from dictcheck.empirics.training import TrainConfig, train
+from dictcheck.empirics.training.checkpoints import CheckpointError
+from dictcheck.empirics.io.safe_files import ResourceError
+from dictcheck.empirics.training.loop import TrainConfig, train
 X = np.load(sys.argv[1])
 kw = json.loads(sys.argv[2])
 model = build_model("topk", X.shape[1], 48, kw.pop("options"), seed=kw["seed"])

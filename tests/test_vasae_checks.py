@@ -60,7 +60,7 @@ def test_dead_column_alignment_rate_matches_torch_adam(norm: float) -> None:
     (|g_i| ≈ ε/100); at |g_i| ≈ ε/10 (λ = 1e-5 at lr 1e-3) it comes ≈ 10% later, as lr·g/(|g| + ε) says."""
     import torch
 
-    from dictcheck.empirics.vasae_models import anchor_loss
+    from dictcheck.empirics.architectures.vasae import anchor_loss
     from dictcheck.theory.anchor_dynamics import alignment_rate, steps_to_alignment
 
     lr, lam, d_z, D = 1e-2, 1e-6, 8192, 16

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dictcheck.empirics.architectures import architecture, build_model
 from dictcheck.empirics.architectures.vasae import make_vasae
-from dictcheck.empirics.vasae_models import (
+from dictcheck.empirics.architectures.vasae import (
     ANCHOR_TOPK,
     anchor_loss,
     default_chunk,
@@ -101,7 +101,7 @@ def test_default_chunk_keeps_block_under_256_mb() -> None:
 def test_chunk_budget_uses_the_dtype_of_the_cosine_block(monkeypatch) -> None:
     """The block W_hat @ E_hatᵀ is in W's dtype (E is cast to it), so a float64 W against a float32 E
     must be chunked by 8-byte entries, else the block is twice the §3 budget."""
-    import dictcheck.empirics.vasae_models as vm
+    import dictcheck.empirics.architectures.vasae as vm
 
     seen: list[int] = []
     real = vm.default_chunk
@@ -253,11 +253,11 @@ def test_build_from_npy_source_and_round_trip(tmp_path) -> None:
 
 
 def test_train_save_and_reload_through_the_loop(tmp_path) -> None:
-    """empirics.training.train drives vasae (the registered 'vasae' architecture)."""
+    """empirics.training.loop.train drives vasae (the registered 'vasae' architecture)."""
     import json
 
-    from dictcheck.empirics.sae_folder import load_featurizer
-    from dictcheck.empirics.training import TrainConfig, train
+    from dictcheck.empirics.io.sae_folder import load_featurizer
+    from dictcheck.empirics.training.loop import TrainConfig, train
 
     rng = np.random.default_rng(0)
     E = rng.standard_normal((40, 6)).astype(np.float32)
@@ -326,7 +326,7 @@ def test_authors_init_is_normal_002_with_zero_biases() -> None:
 def test_resume_with_refresh_is_bit_identical(tmp_path) -> None:
     """The held tokens are a buffer in the checkpoint: resuming from step 6 (between the refreshes at
     4 and 8) gives the uninterrupted run's weights bit for bit."""
-    from dictcheck.empirics.training import TrainConfig, train
+    from dictcheck.empirics.training.loop import TrainConfig, train
 
     rng = np.random.default_rng(0)
     E = rng.standard_normal((40, 6)).astype(np.float32)

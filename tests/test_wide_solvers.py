@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.toy_data import make_toy
+from dictcheck.empirics.data.toys import make_toy
 from dictcheck.solvers.dnn import DNNSolveError, solve_dnn
 from dictcheck.solvers.wide_limit import cluster_rays, solve_wide_limit
 from dictcheck.theory.certificate import cert_ratio

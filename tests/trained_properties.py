@@ -9,7 +9,7 @@ Layout: data are (N, D) rows, as the training loop takes them; the theory functi
 (points as columns, docs/README.md). Objective (1) of docs/theory.md §1 is
 O(W, Z, b) = (1/N) Σ_i [‖x_i − b − W z_i‖² + 2λ‖z_i‖₁] with unit atoms (the 2λ and the 1/N exactly).
 
-Every property runs with one torch thread (:func:`dictcheck.empirics.training.torch_threads`): the models
+Every property runs with one torch thread (:func:`dictcheck.empirics.training.loop.torch_threads`): the models
 are tiny, and the exact-code solver's thread pool costs 20–40× more than the work on 2 shared cores.
 """
 
@@ -36,16 +36,16 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from dictcheck.empirics.architectures import REGISTRY, architecture, build_model
-from dictcheck.empirics.distributed import World, process_group
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.manifold_toy import ManifoldConfig, make_manifold_benchmark
-from dictcheck.empirics.metrics import unit_atom_objective
-from dictcheck.empirics.quadric_toy import SHAPE_DIM, make_quadric_toy
-from dictcheck.empirics.sae_folder import load_featurizer
-from dictcheck.empirics.sae_formats import load_any_sae
-from dictcheck.empirics.sae_io import CFG_FILE
-from dictcheck.empirics.toy_data import make_toy
-from dictcheck.empirics.training import LOG_FILE, TrainConfig, TrainResult, torch_threads, train
+from dictcheck.empirics.training.distributed import World, process_group
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.data.manifold_toy import ManifoldConfig, make_manifold_benchmark
+from dictcheck.empirics.metrics.reconstruction import unit_atom_objective
+from dictcheck.empirics.data.quadric_toy import SHAPE_DIM, make_quadric_toy
+from dictcheck.empirics.io.sae_folder import load_featurizer
+from dictcheck.empirics.io.formats import load_any_sae
+from dictcheck.empirics.io.saelens import CFG_FILE
+from dictcheck.empirics.data.toys import make_toy
+from dictcheck.empirics.training.loop import LOG_FILE, TrainConfig, TrainResult, torch_threads, train
 from dictcheck.proofs_checks.checks.bilinear import lifted_pca_floor
 from dictcheck.proofs_checks.checks.sae import GAP_TOL
 from dictcheck.solvers.lasso_codes import exact_codes, kkt_violation
@@ -686,7 +686,7 @@ def ddp_violations(jobs: list[Run], folder: Path, *, broken_shard: frozenset[int
     """Train every job with two gloo ranks (spawned processes, one torch thread each, global batch
     ``batch_size``) and in this process computing the ranks' gradient (:class:`_RanksInOneProcess`): the weights
     must agree to :data:`DDP_ATOL`, and that gradient must equal the whole batch's at every step to
-    :data:`DDP_GRADIENT_RTOL` (docs of ``empirics.distributed``, "Equivalence"; only for architectures declared
+    :data:`DDP_GRADIENT_RTOL` (docs of ``empirics.training.distributed``, "Equivalence"; only for architectures declared
     exact, :func:`ddp_exact`).
     ``broken_shard``: indices of jobs whose ranks all read rank 0's half of the batch (negative control only)."""
     out = []

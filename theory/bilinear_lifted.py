@@ -1,7 +1,7 @@
 """Bilinear autoencoders in the lifted space: forms, the kernel-trick loss, its gradients, Hoyer density.
 
 docs/bilinear.md §0–§3, §5 and §10. float64 numpy references; the test oracles of
-:mod:`empirics.bilinear_models`.
+:mod:`empirics.architectures.bilinear`.
 
 Layout (as everywhere in dictcheck): tokens are ROWS. ``X`` is (N, D) with unit-norm rows,
 ``Z`` is (N, d_z). The spec writes the batch as columns (X ∈ R^{D×N}); its formulas are transposed

@@ -1,5 +1,5 @@
 """Linear SAEs: ``relu``, ``topk``, ``batchtopk``, ``jumprelu``, ``abs`` (models in
-:mod:`dictcheck.empirics.sae_models`; docs/ecosystem.md §1, §3; docs/theory.md §1, §4.5)."""
+:mod:`dictcheck.empirics.architectures.linear_sae`; docs/ecosystem.md §1, §3; docs/theory.md §1, §4.5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dictcheck.empirics.activation_normalisation import ActivationNormalisation
+from dictcheck.empirics.architectures.activation_normalisation import ActivationNormalisation
 from dictcheck.empirics.architectures.base import (
     ArchOptions,
     Architecture,
@@ -20,9 +20,9 @@ from dictcheck.empirics.architectures.base import (
     require_int,
     require_real,
 )
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.sae_io import SaeConfig
-from dictcheck.empirics.sae_models import make_sae
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.io.saelens import SaeConfig
+from dictcheck.empirics.architectures.linear_sae import make_sae
 
 __all__ = ["sae_default_lr", "LinearSAEOptions", "LinearSAE", "Relu", "TopK", "BatchTopK", "JumpReLU", "Abs"]
 
@@ -165,7 +165,7 @@ class LinearSAE(Architecture):
 
     def apply_cfg_fields(self, model: Featurizer, cfg: SaeConfig) -> None:
         """SAELens semantics of a folder: ``apply_b_dec_to_input`` (x − b_dec enters the encoder, or x) and
-        ``normalize_activations`` (:class:`dictcheck.empirics.activation_normalisation.ActivationNormalisation`).
+        ``normalize_activations`` (:class:`dictcheck.empirics.architectures.activation_normalisation.ActivationNormalisation`).
         ``reshape_activations = hook_z`` only flattens heads (the data are given flattened, (N, d_in)) and
         ``hook_head_index`` only says which activations the SAE reads: neither changes the math."""
         model.apply_b_dec_to_input = bool(cfg.apply_b_dec_to_input)

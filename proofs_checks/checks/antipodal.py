@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dictcheck.empirics.toy_data import make_toy
+from dictcheck.empirics.data.toys import make_toy
 from dictcheck.proofs_checks.figures import plot_threshold_1d
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 from dictcheck.proofs_checks.sources import THEORY_PAPER

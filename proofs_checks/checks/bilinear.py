@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.bilinear_models import MuonConfig, hoyer_mean, train_muon
-from dictcheck.empirics.quadric_toy import QuadricToy, make_quadric_toy
-from dictcheck.empirics.training import TrainConfig, best_of_runs, torch_threads, train
+from dictcheck.empirics.architectures.bilinear import MuonConfig, hoyer_mean, train_muon
+from dictcheck.empirics.data.quadric_toy import QuadricToy, make_quadric_toy
+from dictcheck.empirics.training.loop import TrainConfig, best_of_runs, torch_threads, train
 from dictcheck.proofs_checks.real_protocol import real_data
 from dictcheck.proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check

@@ -3,7 +3,7 @@
 * ``bsf.circle_half_variance`` (quick): the §6/§9 single-direction ceiling, exact (sympy) against
   sampled and against evenly spaced angles.
 * ``bsf.recovery`` (full suite, replication): Vanilla and Grassmannian BSF at the paper's bar R² ≥ 0.93 on the
-  §5 benchmark (sizes and training in :data:`dictcheck.empirics.manifold_bench.DEFAULT`) at lr 3e-3 and 4e-4
+  §5 benchmark (sizes and training in :data:`dictcheck.empirics.metrics.manifold_bench.DEFAULT`) at lr 3e-3 and 4e-4
   (the lr of lower training objective decides; both reported), Vanilla also at the k of the elbow rule;
   controls: oracle blocks (positive), a TopK SAE under the exact single-atom ceiling (negative); three
   readings of the SAE's R² against the paper's 0.53.
@@ -29,15 +29,15 @@ from pathlib import Path
 import numpy as np
 import sympy as sp
 
-from dictcheck.empirics.manifold_metrics import (
+from dictcheck.empirics.metrics.manifold import (
     best_direction_fraction,
     nonnegative_atom_r2,
     normalised_cov_eigenvalues,
     orthonormal_codes,
     recovery,
 )
-from dictcheck.empirics.manifold_toy import ManifoldBenchmark, make_manifold_benchmark, planted_config, sample_manifold
-from dictcheck.empirics.manifold_bench import (
+from dictcheck.empirics.data.manifold_toy import ManifoldBenchmark, make_manifold_benchmark, planted_config, sample_manifold
+from dictcheck.empirics.metrics.manifold_bench import (
     DEFAULT,
     MDL_BLOCK_SIZES,
     BenchSettings,
@@ -288,7 +288,7 @@ def bsf_recovery(ctx: CheckContext) -> Outcome:
                               "data_prep": "centre by the training mean, rescale to E‖x‖² = D (docs/bsf.md §4)"},
                  "sae_readings_defined": "single_atom: best single atom (spec §6); best_n_atoms: greedy best n_j "
                                          "atoms summed; assigned_atoms: every atom whose direction lies mostly in "
-                                         "span E_j, summed (empirics.manifold_bench.sae_readings)"},
+                                         "span E_j, summed (empirics.metrics.manifold_bench.sae_readings)"},
         figures=[_circle_figure(ctx, bench, caches[RECOVERY_LRS[0]].get("bsf-vanilla", d_sae, k_true,
                                                                         {"block_size": q}))],
     )
@@ -510,7 +510,7 @@ def bsf_mdl_block_dim(ctx: CheckContext) -> Outcome:
                                           "and the kept one ('chosen'); SAE: 1 seed × the same lrs",
                               "k_rule": "k = k_true·⌈n/q⌉ (smallest k that represents every sample)",
                               "codes": "decision on total_invariant (codes in each block's principal frame, "
-                                       "empirics.manifold_bench.principal_codes); 'total' is the model's own codes "
+                                       "empirics.metrics.manifold_bench.principal_codes); 'total' is the model's own codes "
                                        "(docs/bsf.md §7), which moves with the parametrisation",
                               "sae_at_equal_distortion": "TopK SAE totals interpolated linearly in log distortion "
                                                          "(mean squared residual per coordinate) at the BSF's"}},

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.training import TrainConfig, torch_threads, train
+from dictcheck.empirics.training.loop import TrainConfig, torch_threads, train
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 from dictcheck.proofs_checks.sources import BSF_PAPER, THEORY_PAPER
 from dictcheck.solvers.block_lasso import numeric_l21_prox, solve_block_lasso

@@ -6,7 +6,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from dictcheck.empirics.toy_data import Toy, make_toy
+from dictcheck.empirics.data.toys import Toy, make_toy
 from dictcheck.proofs_checks.figures import plot_absorption, plot_firing_against_p
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 from dictcheck.proofs_checks.sources import REFERENCE_LEARNER, THEORY_PAPER

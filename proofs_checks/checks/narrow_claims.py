@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dictcheck.empirics.toy_data import Toy, make_toy
+from dictcheck.empirics.data.toys import Toy, make_toy
 from dictcheck.proofs_checks.checks.narrow import toy_reference_fit
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sources import REFERENCE_LEARNER, THEORY_PAPER

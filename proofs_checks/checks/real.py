@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.training import TrainResult
+from dictcheck.empirics.training.loop import TrainResult
 from dictcheck.proofs_checks.checks.sae import ANTIPODAL_LAM, PAIR_JACCARD, dense_scalar_toy, support_jaccard
 from dictcheck.proofs_checks.real_protocol import BATCH, D_SAE, LAYER, STEPS, RealData, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check

@@ -1,7 +1,7 @@
 """Checks of the theory against TRAINED sparse autoencoders (docs/theory.md §4, §5, §7, §8 Q2–Q3).
 
-Every check trains small SAEs of :mod:`empirics.sae_models` with the project's training loop
-(:func:`empirics.training.train`) on a toy of :mod:`empirics.toy_data` and compares what the SAE
+Every check trains small SAEs of :mod:`empirics.architectures.linear_sae` with the project's training loop
+(:func:`empirics.training.loop.train`) on a toy of :mod:`empirics.data.toys` and compares what the SAE
 learned with the theory's prediction. Hyper-parameters are chosen once (stated in ``_TRAIN``
 and in each check's details), never tuned until a prediction holds: where a prediction fails,
 ``passed`` is False and ``finding`` says what was observed.
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.metrics import amortisation_gap, unit_atom_objective
+from dictcheck.empirics.metrics.reconstruction import amortisation_gap, unit_atom_objective
 from dictcheck.empirics.architectures import build_model
-from dictcheck.empirics.toy_data import make_toy
-from dictcheck.empirics.training import TrainConfig, torch_threads, train
+from dictcheck.empirics.data.toys import make_toy
+from dictcheck.empirics.training.loop import TrainConfig, torch_threads, train
 from dictcheck.proofs_checks.figures import plot_antipodal_against_p
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sources import THEORY_PAPER

@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.lm_metrics import ALIGNED, alignment_metrics
-from dictcheck.empirics.metrics import fvu
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.metrics.lm import ALIGNED, alignment_metrics
+from dictcheck.empirics.metrics.reconstruction import fvu
 from dictcheck.proofs_checks.real_protocol import BATCH, LAYER, N_TOKENS, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
 from dictcheck.proofs_checks.sources import VASAE_PAPER
@@ -148,7 +148,7 @@ def saturation(history: dict[str, np.ndarray], alive: np.ndarray) -> dict[str, A
     """The dead columns' alignment curves at the refreshes t: a(t), the fraction of the columns dead on the
     held-out rows with s_d ≥ 0.8, and m(t), their mean s_d; saturated when a changed by at most
     :data:`SATURATION_RISE` (in absolute value) per 100 steps between the last two refreshes at or before the first decay step
-    STEPS − ⌊STEPS/5⌋ (:func:`~dictcheck.empirics.training.lr_schedule`), where the lr is still the constant
+    STEPS − ⌊STEPS/5⌋ (:func:`~dictcheck.empirics.training.loop.lr_schedule`), where the lr is still the constant
     1e-3. a is what the alignment counts read; m keeps rising slowly as aligned columns approach s = 1.
     Without dead columns or two refreshes in the window: not saturated (nothing to read)."""
     steps, S = history["steps"], history["s"]

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from dictcheck.empirics.toy_data import make_toy
+from dictcheck.empirics.data.toys import make_toy
 from dictcheck.proofs_checks.figures import plot_wide_limit_2d
 from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
 from dictcheck.proofs_checks.sources import THEORY_PAPER

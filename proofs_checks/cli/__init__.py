@@ -11,7 +11,7 @@ command) or the environment variable ``DICTCHECK_DEBUG=1`` also prints the trace
 
 Only the module of the command being run is imported (``dictcheck --help`` imports them all), so a
 rejected input costs no more than that command's imports. Nothing here loads torch, so ``main`` can
-shorten OpenMP's idle spin before a command does (:mod:`~dictcheck.empirics.openmp_spin`; a variable
+shorten OpenMP's idle spin before a command does (:mod:`~dictcheck.empirics.kernels.openmp_spin`; a variable
 the user set is kept).
 """
 
@@ -23,10 +23,11 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from dictcheck.empirics.openmp_spin import shorten_openmp_spin
-from dictcheck.empirics.safe_io import FolderInUseError, ResourceError
+from dictcheck.empirics.kernels.openmp_spin import shorten_openmp_spin
+from dictcheck.empirics.io.safe_files import FolderInUseError, ResourceError
 from dictcheck.proofs_checks.cli.inputs import NonFiniteResultError
 from dictcheck.proofs_checks.errors import UserError
 
@@ -41,7 +42,25 @@ _DEBUG_HELP = f"print the traceback of a failure (also: {DEBUG_ENV}=1)"
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are a single line on stderr with exit code 2."""
+    """argparse whose usage errors are a single line on stderr with exit code 2, and whose arguments may depend
+    on the command line: :meth:`before_parsing` hooks add them (e.g. options that need a heavy import) when the
+    arguments are known."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._before_parsing: list[Callable[[argparse.ArgumentParser, Sequence[str]], None]] = []
+
+    def before_parsing(self, hook: Callable[[argparse.ArgumentParser, Sequence[str]], None]) -> None:
+        """Call ``hook(parser, args)`` once, with the arguments this parser is about to parse (also for ``--help``)."""
+        self._before_parsing.append(hook)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        args = list(sys.argv[1:] if args is None else args)
+        hooks, self._before_parsing = self._before_parsing, []
+        for hook in hooks:
+            hook(self, args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"dictcheck: error: {_one_line(message)}\n")
@@ -102,7 +121,7 @@ def _failure(exc: BaseException) -> tuple[int, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code. Before any command loads torch,
-    OpenMP's idle spin is shortened (:mod:`~dictcheck.empirics.openmp_spin`)."""
+    OpenMP's idle spin is shortened (:mod:`~dictcheck.empirics.kernels.openmp_spin`)."""
     shorten_openmp_spin()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")

@@ -1,5 +1,5 @@
 """``dictcheck bench-manifolds``: the synthetic manifold benchmark of docs/bsf.md §5–§7
-(:mod:`dictcheck.empirics.manifold_bench`), printed as two tables.
+(:mod:`dictcheck.empirics.metrics.manifold_bench`), printed as two tables.
 
     dictcheck bench-manifolds [--json] [--seed S] [--quick] [--steps N] [--out DIR]
 """
@@ -13,9 +13,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.manifold_bench import DEFAULT, QUICK, run_benchmark
-from dictcheck.empirics.safe_io import folder_lock
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.io.safe_files import folder_lock
 from dictcheck.proofs_checks.cli.inputs import finite_result, output_dir
 from dictcheck.proofs_checks.errors import UserError
 
@@ -44,6 +43,8 @@ def _print_tables(result: dict[str, Any]) -> None:
 
 def run_bench_manifolds(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck bench-manifolds``."""
+    from dictcheck.empirics.metrics.manifold_bench import DEFAULT, QUICK, run_benchmark
+
     if args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
     s = QUICK if args.quick else DEFAULT

@@ -14,11 +14,9 @@ import json
 import sys
 from typing import Any
 
-from dictcheck.empirics.sae_io import SaeFormatError
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
 from dictcheck.proofs_checks.cli.inputs import finite_result, positive_lambda, scan_points_file
 from dictcheck.proofs_checks.errors import UserError
-from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, sae_report
 
 #: What each violation measures, for readers of the report (docs/theory.md §6).
 SCALES = (
@@ -47,6 +45,8 @@ def _lam_arg(value: str) -> float | str:
 
 
 def _print_human(report: dict[str, Any], directory: str) -> None:
+    from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE
+
     print(report["verdict"])
     print()
     print("\n".join(SCALES))
@@ -89,7 +89,10 @@ def _print_human(report: dict[str, Any], directory: str) -> None:
 
 
 def check_sae(args: argparse.Namespace) -> int:
-    """Handler of ``dictcheck check-sae``."""
+    """Handler of ``dictcheck check-sae`` (the report's modules load here, not when the parser is built)."""
+    from dictcheck.empirics.io.saelens import SaeFormatError
+    from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
+
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if min(args.polish_tokens or 1, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:

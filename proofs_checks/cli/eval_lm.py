@@ -3,14 +3,14 @@
     dictcheck eval-lm DIR_SAE --layer L [--model smollm2|tinycoder|PATH] [--tokens T] [--context C]
                       [--batch-size B] [--seed S] [--names N] [--json]
 
-Metrics (docs/vasae.md §5, docs/ecosystem.md §2; :mod:`empirics.lm_metrics`): ``ve``, ``fvu``,
+Metrics (docs/vasae.md §5, docs/ecosystem.md §2; :mod:`empirics.metrics.lm`): ``ve``, ``fvu``,
 ``mse_per_element``, ``l0``, ``dead_frac`` on the layer's activations; ``ce_clean``, ``ce_sae``,
 ``ce_zero``, ``ce_recovered`` (zero ablation), ``ce_recovered_batch_mean``, ``delta_ce``, ``kl``,
 ``kl_score``; and, for SAEs with a decoder ``W_dec``, the vocabulary alignment against the model's
 input embedding (``alignment_rate_all``, ``alignment_rate_alive``, ``coverage``, …) with the
 intrinsic token names (top-5 tokens) of the ``N`` best-aligned alive features.
 
-Evaluation text: the token windows of :mod:`empirics.activation_store` (``C`` tokens each, BOS
+Evaluation text: the token windows of :mod:`empirics.data.activation_store` (``C`` tokens each, BOS
 first when the tokenizer prepends one) covering ``T`` spliced positions, in the document order of
 seed ``S`` (default 1; extraction defaults to seed 0, so the windows mostly differ from the
 training tokens, but the corpus is shared: not a strict held-out split). Position 0 of each window
@@ -25,17 +25,17 @@ import json
 import math
 from typing import Any
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from dictcheck.empirics.activation_store import token_windows
-from dictcheck.empirics.lm_metrics import alignment_metrics, feature_names, splice_metrics
-from dictcheck.empirics.lm_models import LMShape, load_lm
-from dictcheck.empirics.safe_io import check_memory
-from dictcheck.empirics.sae_formats import load_any_sae
-from dictcheck.empirics.sae_io import SaeConfig, SaeFormatError
+import numpy as np
+
+from dictcheck.empirics.io.safe_files import check_memory
 from dictcheck.proofs_checks.cli.inputs import finite_result
 from dictcheck.proofs_checks.errors import UserError
+
+if TYPE_CHECKING:
+    from dictcheck.empirics.data.lm_models import LMShape
+    from dictcheck.empirics.io.saelens import SaeConfig
 
 _SHOWN = ("ve", "fvu", "mse_per_element", "l0", "dead_frac", "ce_clean", "ce_sae", "ce_zero", "ce_recovered",
           "delta_ce", "kl", "kl_score")
@@ -68,6 +68,14 @@ def evaluate(sae_dir: str, layer: int, model: str = "smollm2", tokens: int = 204
              batch_size: int = 4, seed: int = 1, names: int = 10) -> dict[str, Any]:
     """The eval-lm report as a JSON-ready dict (UserError for bad input, found before the model's
     weights load where the config suffices)."""
+    import torch
+
+    from dictcheck.empirics.data.activation_store import token_windows
+    from dictcheck.empirics.data.lm_models import load_lm
+    from dictcheck.empirics.io.formats import load_any_sae
+    from dictcheck.empirics.io.saelens import SaeFormatError
+    from dictcheck.empirics.metrics.lm import alignment_metrics, feature_names, splice_metrics
+
     _positive("--tokens", tokens)
     _positive("--context", context, 2)
     _positive("--batch-size", batch_size)

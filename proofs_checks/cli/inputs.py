@@ -6,13 +6,13 @@ loaded, so a bad input ends in one line (:class:`UserError`, exit code 2) and no
 printed or written:
 
 * **arrays**: the file exists and is a plain ``.npy`` array (not ``.npz``, not a pickle:
-  :func:`dictcheck.empirics.safe_io.read_npy`), of real numbers (bool, integer or float; not
+  :func:`dictcheck.empirics.io.safe_files.read_npy`), of real numbers (bool, integer or float; not
   complex, strings or timedeltas), finite, of the expected shape, with entries of magnitude at most
   :data:`MAX_ENTRY`, and small enough to fit in memory as float64;
 * **numbers**: λ finite and within :data:`LAMBDA_RANGE`; the exact codes' tolerance within
   :data:`CODES_TOL_RANGE`; other tolerances and sizes within the range each command documents;
 * **output paths**: a folder (or a file's folder) that exists as a folder or can be created as one,
-  on a writable file system (:func:`dictcheck.empirics.safe_io.check_output_dir`); created by the
+  on a writable file system (:func:`dictcheck.empirics.io.safe_files.check_output_dir`); created by the
   command only once everything else was checked;
 * **results**: :func:`finite_result` refuses to print a result holding NaN or ±inf.
 
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from dictcheck.empirics.safe_io import check_memory, check_output_dir, read_npy
+from dictcheck.empirics.io.safe_files import check_memory, check_output_dir, read_npy
 from dictcheck.proofs_checks.errors import UserError
 
 __all__ = ["MAX_ENTRY", "LAMBDA_RANGE", "CODES_TOL_RANGE", "MIN_ATOM", "SCAN_BYTES", "FIGURE_SUFFIXES",

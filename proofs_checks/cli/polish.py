@@ -13,11 +13,9 @@ import json
 import sys
 from typing import Any
 
-from dictcheck.empirics.sae_io import SaeFormatError
 from dictcheck.proofs_checks.cli.check_sae import _lam_arg
 from dictcheck.proofs_checks.cli.inputs import output_dir, positive_lambda, scan_points_file
 from dictcheck.proofs_checks.errors import UserError
-from dictcheck.proofs_checks.sae_polish import POLISH_FILE, PolishSettings, check_writable, polish_sae
 
 
 def _print_human(r: dict[str, Any]) -> None:
@@ -39,11 +37,14 @@ def _print_human(r: dict[str, Any]) -> None:
         print(f"held-out tokens ({held['n_tokens']}):      fvu before → after     L0 before → after")
         for name, a, b in rows:
             print(f"  {name:<28} {a['fvu']:.4f} → {b['fvu']:.4f}      {a['l0']:.2f} → {b['l0']:.2f}")
-    print(f"wrote {r['output']} ({r['format']}) and {r['output']}/{POLISH_FILE}")
+    print(f"wrote {r['output']} ({r['format']}), with polish.json")
 
 
 def polish(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck polish``."""
+    from dictcheck.empirics.io.saelens import SaeFormatError
+    from dictcheck.proofs_checks.sae_polish import PolishSettings, check_writable, polish_sae
+
     for name in ("sweeps", "fit_steps", "fit_batch_size", "checkpoint_every"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

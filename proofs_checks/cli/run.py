@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.safe_io import read_json
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.io.safe_files import read_json
 from dictcheck.proofs_checks.baseline import baseline_changes, baseline_of
 from dictcheck.proofs_checks.cli.inputs import output_dir, output_file
 from dictcheck.proofs_checks.errors import UserError
@@ -77,7 +77,7 @@ def _print_changes(changes: list[dict[str, Any]], baseline: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck run``."""
     if args.list:
-        _list(select_checks(args.quick, args.only, args.kind))
+        _list(select_checks(args.quick, args.only, args.kind, listing=True))
         return 0
     out = output_dir(args.out)  # before the checks are imported: a folder in use is refused at once
     baseline = None

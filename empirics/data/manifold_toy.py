@@ -1,6 +1,6 @@
 """The synthetic manifold benchmark: sums of embedded circles, spheres and tori (docs/bsf.md §5).
 
-LAYOUT: samples are ROWS. ``X`` is (N, D), like the training loop and :mod:`empirics.metrics`.
+LAYOUT: samples are ROWS. ``X`` is (N, D), like the training loop and :mod:`empirics.metrics.reconstruction`.
 
 Model (spec §5, every default is the spec's):
 

@@ -1,6 +1,6 @@
 """Data-parallel training over several processes (torchrun + DistributedDataParallel; issue 8).
 
-:func:`empirics.training.train` runs unchanged in each of P processes started by ``torchrun`` (or
+:func:`empirics.training.loop.train` runs unchanged in each of P processes started by ``torchrun`` (or
 ``dictcheck train --nproc P``); a :class:`World` tells it this process's rank and does the few
 collectives the loop needs. Backend: gloo on the CPU, nccl on CUDA (one GPU per process,
 ``cuda:LOCAL_RANK``).

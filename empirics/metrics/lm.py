@@ -1,10 +1,10 @@
 """Language-model metrics of an SAE spliced into a model (docs/vasae.md §5, docs/ecosystem.md §2).
 
-LAYOUT: activations are ROWS (tokens), as in :mod:`empirics.metrics`.
+LAYOUT: activations are ROWS (tokens), as in :mod:`empirics.metrics.reconstruction`.
 
 **Splice metrics** (:func:`splice_metrics`). For each batch (input_ids, attention_mask) of real token
 windows the model runs three times with a forward hook on decoder layer l
-(:func:`empirics.lm_models.replace_residual`):
+(:func:`empirics.data.lm_models.replace_residual`):
 
 * clean: the layer output x is left as is (and recorded on the real positions);
 * sae: the output is replaced by x̂ = featurizer(x) on the real positions (padding untouched;
@@ -19,7 +19,7 @@ real (attention mask 1), the target being token t+1. With token-weighted means o
   ``ce_recovered_batch_mean`` = the mean over batches of the per-batch ratio (the VASAE authors');
 * ``kl`` = mean_t KL(p_clean ‖ p_sae), ``kl_zero`` = mean_t KL(p_clean ‖ p_zero) and
   ``kl_score`` = (kl_zero − kl)/kl_zero, over the same positions;
-* ``mse``, ``mse_per_element``, ``fvu``, ``ve`` (:mod:`empirics.metrics`), ``l0``, ``dead_frac``,
+* ``mse``, ``mse_per_element``, ``fvu``, ``ve`` (:mod:`empirics.metrics.reconstruction`), ``l0``, ``dead_frac``,
   ``n_eval_tokens`` pooled over every real position of layer l (firing counted streaming, no
   (N, d_sae) matrix), and ``alive`` (a numpy bool (d_sae,) mask, not JSON). ``n_ce_tokens`` counts
   the CE positions.
@@ -51,10 +51,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.lm_models import LoadedLM, replace_residual
-from dictcheck.empirics.metrics import fvu, mse, mse_per_element
-from dictcheck.empirics.vasae_models import nearest_tokens, top_tokens
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.data.lm_models import LoadedLM, replace_residual
+from dictcheck.empirics.metrics.reconstruction import fvu, mse, mse_per_element
+from dictcheck.empirics.architectures.vasae import nearest_tokens, top_tokens
 
 __all__ = [
     "ALIGNED",

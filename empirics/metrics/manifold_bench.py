@@ -1,8 +1,8 @@
 """The synthetic manifold benchmark of docs/bsf.md §5–§7 (the library behind ``dictcheck bench-manifolds``
 and the bsf.* checks).
 
-Generates the benchmark (:mod:`dictcheck.empirics.manifold_toy`), trains the three BSF variants, the
-ReLU TopK SAE baseline and the signed q = 1 Vanilla BSF with :func:`dictcheck.empirics.training.train`,
+Generates the benchmark (:mod:`dictcheck.empirics.data.manifold_toy`), trains the three BSF variants, the
+ReLU TopK SAE baseline and the signed q = 1 Vanilla BSF with :func:`dictcheck.empirics.training.loop.train`,
 and measures
 
 * the recovery table (spec §6): per model the mean best-block R², the mean per manifold type, and
@@ -31,7 +31,7 @@ Decisions (documented; chosen once, not tuned per result):
   the smallest k at which every sample of the benchmark is exactly representable (n_max the largest
   manifold dimension). L_code uses the model's own codes z as spec §7 defines it (z_absmax = max|z|);
   because unit-Frobenius blocks make codes grow like √q, the total with the codes re-expressed in
-  orthonormal block frames (:func:`empirics.manifold_metrics.orthonormal_codes`, where δ_z is a length
+  orthonormal block frames (:func:`empirics.metrics.manifold.orthonormal_codes`, where δ_z is a length
   in data units for every q) is reported next to it (``total_orthonormal_codes``), and so is the total in
   each block's principal frame (``total_invariant``, :func:`principal_codes`: the same bits for every
   parametrisation of a block; docs/bsf.md §7). Precisions are the spec defaults and are printed with the
@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.manifold_metrics import (
+from dictcheck.empirics.metrics.manifold import (
     contribution_stable_ranks,
     default_precisions,
     mdl_bits,
@@ -61,8 +61,8 @@ from dictcheck.empirics.manifold_metrics import (
     recovery,
     sae_blocks,
 )
-from dictcheck.empirics.manifold_toy import ManifoldBenchmark, ManifoldConfig, ManifoldSplit, make_manifold_benchmark
-from dictcheck.empirics.training import TrainConfig, best_of_runs, torch_threads, train
+from dictcheck.empirics.data.manifold_toy import ManifoldBenchmark, ManifoldConfig, ManifoldSplit, make_manifold_benchmark
+from dictcheck.empirics.training.loop import TrainConfig, best_of_runs, torch_threads, train
 
 __all__ = ["BenchSettings", "DEFAULT", "QUICK", "MDL_BLOCK_SIZES", "Prepared", "TrainedBlocks", "prepare",
            "train_blocks", "train_best", "ModelCache", "recovery_table", "mdl_row", "mdl_sweep", "run_benchmark",

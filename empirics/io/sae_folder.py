@@ -1,6 +1,6 @@
 """SAE folders for the registered architectures: configs, save, load, and the rebuilt model.
 
-:mod:`dictcheck.empirics.sae_io` knows the SAELens files and fields; this module adds what depends on
+:mod:`dictcheck.empirics.io.saelens` knows the SAELens files and fields; this module adds what depends on
 the architecture (:mod:`dictcheck.empirics.architectures`): the saved ``architecture`` string, the
 weight schema, the decoder-norm policy, where ``k`` goes, and how a model is rebuilt
 (docs/ecosystem.md §1).
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import REGISTRY, Architecture, Schema, architecture
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.sae_io import (
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.io.saelens import (
     CFG_FILE,
     SaeConfig,
     SaeFormatError,
@@ -192,7 +192,7 @@ def save_sae(
     sparsity: torch.Tensor | np.ndarray | None = None,
     metrics: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Save an SAE folder (:func:`dictcheck.empirics.sae_io.write_sae_files` with the architecture's
+    """Save an SAE folder (:func:`dictcheck.empirics.io.saelens.write_sae_files` with the architecture's
     schema): cfg.json, sae_weights.safetensors, optional sparsity.safetensors and metrics.json."""
     cfg.validate()
     validate_config(cfg)

@@ -1,6 +1,6 @@
 """Training checkpoints: files ``checkpoints/ckpt_<step:08d>.pt`` written atomically, the newest one
 validated and chosen on resume, and the training log cut back to the steps a checkpoint covers
-(:mod:`dictcheck.empirics.training`).
+(:mod:`dictcheck.empirics.training.loop`).
 
 Checkpoints are written atomically, so a kill never leaves a torn one; a checkpoint that cannot be
 read was damaged or replaced from outside (truncated, a symlink, a foreign file, pickled code,
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.distributed import World
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.training.distributed import World
 
 __all__ = ["CHECKPOINT_DIR", "CKPT_FORMAT", "CheckpointError", "check_checkpoint", "checkpoints", "latest_checkpoint",
            "load_checkpoint", "resume_checkpoint", "save_checkpoint", "truncate_log", "to_cpu"]
@@ -32,7 +32,7 @@ __all__ = ["CHECKPOINT_DIR", "CKPT_FORMAT", "CheckpointError", "check_checkpoint
 CHECKPOINT_DIR = "checkpoints"
 CKPT_FORMAT = 1
 _CKPT_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
-#: Every checkpoint holds these fields (:func:`dictcheck.empirics.training.train` writes them).
+#: Every checkpoint holds these fields (:func:`dictcheck.empirics.training.loop.train` writes them).
 _REQUIRED = ("format", "step", "tokens", "model", "optimizer", "batch_rng", "since_fired", "config", "data_hash",
              "d_in", "torch_rng", "world_size", "rank_rng")
 

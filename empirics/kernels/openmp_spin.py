@@ -4,7 +4,7 @@ torch's Linux CPU wheels run their parallel operators on GNU OpenMP (libgomp). A
 region, each worker thread spin-waits for the next one for ``GOMP_SPINCOUNT`` iterations before it
 sleeps: 300 000 by default (``OMP_WAIT_POLICY`` unset), each iteration a PAUSE instruction (about 140
 cycles on recent Intel cores, i.e. about 14 ms per region). The sparse TopK step's compiled kernels
-(:mod:`~dictcheck.empirics.sparse_products`, :mod:`~dictcheck.empirics.topk_select`) run on Python
+(:mod:`~dictcheck.empirics.kernels.sparse_products`, :mod:`~dictcheck.empirics.kernels.topk_select`) run on Python
 threads (``run_split``) right after torch operators, so for those milliseconds a spinning OpenMP
 worker shares a core with a kernel thread. With 10 000 iterations (well under a millisecond) the
 sparse step took 0.899 (TopK) and 0.877 (BatchTopK) of its time on the issue 17 setup (two threads,

@@ -1,7 +1,7 @@
 """Ground-truth recovery metrics of an SAE on data with known features, as SAELens defines them
 (``sae_lens.synthetic.evals.eval_sae_on_synthetic_data``; docs/ecosystem.md §6).
 
-TOKENS ARE ROWS (like :mod:`dictcheck.empirics.metrics`): ``x``, ``x_hat`` (N, D); ``codes`` (N, d_sae);
+TOKENS ARE ROWS (like :mod:`dictcheck.empirics.metrics.reconstruction`): ``x``, ``x_hat`` (N, D); ``codes`` (N, d_sae);
 ``gt_acts`` (N, n_gt), the true features' activations; atoms and features are ROWS too: the SAE's decoder
 ``W_dec`` (d_sae, D) and the true feature vectors ``features`` (n_gt, D). Codes and activations may be dense
 arrays, torch tensors or scipy sparse matrices. Everything is computed in float64.
@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from numpy.typing import NDArray
 from scipy.optimize import linear_sum_assignment
 
-from dictcheck.empirics.metrics import ZERO_VARIANCE_REL
+from dictcheck.empirics.metrics.reconstruction import ZERO_VARIANCE_REL
 
 __all__ = [
     "GT_METRIC_NAMES",

@@ -1,5 +1,5 @@
 """Data read one batch of rows at a time: an (N, D) ``.npy`` file (memory-mapped), an activation store
-folder (:mod:`dictcheck.empirics.activation_store`) or an array in memory. Tokens are ROWS."""
+folder (:mod:`dictcheck.empirics.data.activation_store`) or an array in memory. Tokens are ROWS."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def open_rows(data: str | os.PathLike[str] | NDArray) -> RowSource:
         return RowSource(data, int(data.shape[0]), int(data.shape[1]), "data")
     path = Path(data)
     if path.is_dir():
-        from dictcheck.empirics.activation_store import open_activations  # loads the LM stack: only for stores
+        from dictcheck.empirics.data.activation_store import open_activations  # loads the LM stack: only for stores
 
         store = open_activations(path)
         return RowSource(store, int(store.shape[0]), int(store.shape[1]), str(path))

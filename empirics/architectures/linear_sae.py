@@ -38,7 +38,7 @@ the ecosystem ``mse``):
   - :class:`JumpReLUFn`  (z = a·H(a − θ)): ∂z/∂a = H(a − θ); ∂z/∂θ = −(θ/ε)·K((a − θ)/ε).
   - :class:`StepFn`      (H(a − θ)):       ∂H/∂a = 0;       ∂H/∂θ = −(1/ε)·K((a − θ)/ε).
 
-  Both live in :mod:`dictcheck.empirics.straight_through` (shared with the BSF's STE gate).
+  Both live in :mod:`dictcheck.empirics.kernels.straight_through` (shared with the BSF's STE gate).
 
   The forward values are exact (no smoothing). The L0 term therefore trains θ only, as in the paper.
 * ``abs`` (signed codes). **dictcheck Decision** (docs/theory.md §4.5, "signed codes with the |z|
@@ -77,10 +77,10 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from dictcheck.empirics.activation_normalisation import ActivationNormalisation
-from dictcheck.empirics.featurizer import Featurizer, FeaturizerOutput
-from dictcheck.empirics.straight_through import JumpReLUFn, StepFn
-from dictcheck.empirics.sparse_products import (
+from dictcheck.empirics.architectures.activation_normalisation import ActivationNormalisation
+from dictcheck.empirics.architectures.featurizer import Featurizer, FeaturizerOutput
+from dictcheck.empirics.kernels.straight_through import JumpReLUFn, StepFn
+from dictcheck.empirics.kernels.sparse_products import (
     LatentGroups,
     by_latent,
     gather_dots,
@@ -88,7 +88,7 @@ from dictcheck.empirics.sparse_products import (
     scatter_rows_and_dots,
     tile_tokens,
 )
-from dictcheck.empirics.topk_select import ALIKE_ROWS, encoder_topk, row_topk
+from dictcheck.empirics.kernels.topk_select import ALIKE_ROWS, encoder_topk, row_topk
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
 TOPK_FAMILY = ("topk", "batchtopk")
@@ -114,7 +114,7 @@ class ActiveLatents:
     gather: ∂L/∂z_tj = ⟨∂L/∂x̂_t, W_dec[j]⟩ for the active j only, and ∂L/∂W_dec[j] =
     Σ_t z_tj ∂L/∂x̂_t over the tokens where j is active (rows of inactive latents get 0, as
     in the dense path); on the CPU (float32/64) both are compiled (:class:`_GatheredDecode`,
-    :mod:`~dictcheck.empirics.sparse_products`). Same values as the dense path up to the order
+    :mod:`~dictcheck.empirics.kernels.sparse_products`). Same values as the dense path up to the order
     of summation. ``cache`` holds the entries' token indices and their grouping by latent, built
     once per batch and shared with the encoder's backward (:class:`_SelectedPreacts`).
     """
@@ -133,9 +133,9 @@ class ActiveLatents:
         )
 
     def by_latent(self, d_sae: int, G: Tensor) -> LatentGroups:
-        """The entries grouped by latent (:func:`~dictcheck.empirics.sparse_products.by_latent`) for
+        """The entries grouped by latent (:func:`~dictcheck.empirics.kernels.sparse_products.by_latent`) for
         products with the rows of G (B, e): within tiles of tokens when the compiled products apply
-        (:func:`~dictcheck.empirics.sparse_products.tile_tokens`), one tile otherwise; built at the
+        (:func:`~dictcheck.empirics.kernels.sparse_products.tile_tokens`), one tile otherwise; built at the
         first call for that tiling."""
         tile = None
         if _compiled(G):
@@ -172,9 +172,9 @@ class ActiveLatents:
 class _GatheredDecode(torch.autograd.Function):
     """:meth:`ActiveLatents.decode` with the compiled backward: ∂L/∂z_p = ⟨W_dec[j_p], g_{t_p}⟩ and
     ∂L/∂W_dec = Zᵀg, g = ∂L/∂x̂, in one pass over the entries grouped by latent when both are needed
-    (:func:`~dictcheck.empirics.sparse_products.scatter_rows_and_dots`; alone:
-    :func:`~dictcheck.empirics.sparse_products.gather_dots`,
-    :func:`~dictcheck.empirics.sparse_products.scatter_rows`); the forward is ``embedding_bag``'s.
+    (:func:`~dictcheck.empirics.kernels.sparse_products.scatter_rows_and_dots`; alone:
+    :func:`~dictcheck.empirics.kernels.sparse_products.gather_dots`,
+    :func:`~dictcheck.empirics.kernels.sparse_products.scatter_rows`); the forward is ``embedding_bag``'s.
     Arguments: vals, W_dec, then idx, offsets, cache of the ActiveLatents."""
 
     @staticmethod
@@ -250,7 +250,7 @@ class _SelectedPreacts(torch.autograd.Function):
     dense (B·d_sae·d_in) products through a. Layout of idx/offsets as in :class:`ActiveLatents`,
     whose ``cache`` (the grouping by latent) this backward shares. ∂L/∂W_enc is summed by latent,
     (Σ_t g_tj x̃_t)_j: compiled on the CPU (float32/64,
-    :func:`~dictcheck.empirics.sparse_products.scatter_rows`, which writes it in W_enc's (d_in, d_sae)
+    :func:`~dictcheck.empirics.kernels.sparse_products.scatter_rows`, which writes it in W_enc's (d_in, d_sae)
     layout directly), a sparse CSR product otherwise.
     """
 
@@ -374,7 +374,7 @@ class SparseAutoencoder(Featurizer):
         A gathering model (:meth:`_gathers`) returns no dense codes (``ActiveLatents.dense``
         builds them on request) and, on the CPU when nothing else reads a (no AuxK, not the
         batchtopk eval rule), no a either: its rows' top entries come from the encoder product
-        block by block (:func:`~dictcheck.empirics.topk_select.encoder_topk`)."""
+        block by block (:func:`~dictcheck.empirics.kernels.topk_select.encoder_topk`)."""
         if self.arch == "abs":
             u = self._encoder_input(x) @ self.W_enc
             z = torch.sign(u) * torch.relu(u.abs() + self.b_enc)
@@ -397,7 +397,7 @@ class SparseAutoencoder(Featurizer):
 
     def _row_top(self, a: Tensor | None, xe: Tensor, m: int) -> tuple[Tensor, Tensor]:
         """Each token's m largest pre-activations and their latents, descending (no gradient):
-        compiled (:mod:`~dictcheck.empirics.topk_select`) for a gathering model on the CPU,
+        compiled (:mod:`~dictcheck.empirics.kernels.topk_select`) for a gathering model on the CPU,
         from the encoder product when a is None; ``torch.topk`` otherwise (the dense reference)."""
         if a is None:
             return encoder_topk(xe, self.W_enc, self.b_enc, m)
@@ -441,7 +441,7 @@ class SparseAutoencoder(Featurizer):
 
     @torch.no_grad()
     def _encoder_rows(self, xe: Tensor, rows: Tensor) -> Tensor:
-        """The pre-activation rows a[rows] (no gradient) as :func:`~dictcheck.empirics.topk_select.encoder_topk`
+        """The pre-activation rows a[rows] (no gradient) as :func:`~dictcheck.empirics.kernels.topk_select.encoder_topk`
         rounds them: from a product of at least ``ALIKE_ROWS`` rows (the requested ones, padded with
         others), or of the whole batch when it is smaller, so a heavy row of _batch_topk holds
         the very values its candidates came from. A product of these rows alone may round an ulp
@@ -646,8 +646,8 @@ class SparseAutoencoder(Featurizer):
 
 
 def _compiled(t: Tensor) -> bool:
-    """Whether the compiled kernels (:mod:`~dictcheck.empirics.topk_select`,
-    :mod:`~dictcheck.empirics.sparse_products`) apply: CPU, float32/64."""
+    """Whether the compiled kernels (:mod:`~dictcheck.empirics.kernels.topk_select`,
+    :mod:`~dictcheck.empirics.kernels.sparse_products`) apply: CPU, float32/64."""
     return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
 
 

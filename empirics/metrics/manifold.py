@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from dictcheck.empirics.manifold_toy import ManifoldSplit
+from dictcheck.empirics.data.manifold_toy import ManifoldSplit
 from dictcheck.solvers.assignment import max_weight_matching
 
 __all__ = [

@@ -5,7 +5,7 @@ stationary point of objective (1), but the SAE's encoder was trained for the old
 trains only the architecture's encoder weights (:attr:`Architecture.encoder_weights`: W_enc and b_enc for the
 linear SAEs) with the architecture's own loss and options (its k; its λ; a JumpReLU's thresholds stay as they
 are, a BatchTopK's inference threshold is re-estimated as in training), everything else frozen: one run of
-:func:`dictcheck.empirics.training.train` (Adam, the schedule, clipping, seeded batches, checkpoints and
+:func:`dictcheck.empirics.training.loop.train` (Adam, the schedule, clipping, seeded batches, checkpoints and
 ``resume``), with b_dec kept (centring rule ``"keep"``). The decoder rows stay unit norm (they already are;
 the loop's renormalisation leaves them).
 """
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dictcheck.empirics.architectures import architecture
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.training import TrainConfig, TrainResult, train
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.training.loop import TrainConfig, TrainResult, train
 
 __all__ = ["fit_encoder", "freeze_all_but_encoder_"]
 

@@ -1,6 +1,6 @@
 """SAELens-compatible folder format (docs/ecosystem.md §1): files, fields and validation, with no
 knowledge of any architecture. The caller gives the weight schema (tensor name -> (shape, required));
-:mod:`dictcheck.empirics.sae_folder` supplies it from the architecture registry.
+:mod:`dictcheck.empirics.io.sae_folder` supplies it from the architecture registry.
 
 One folder per SAE:
 
@@ -21,7 +21,7 @@ Reading (:func:`read_sae_files`) asserts every tensor name, shape and dtype agai
 checks finiteness; any problem raises :class:`SaeFormatError` with a one-line message naming the
 file, the tensor and both shapes.
 
-``metadata["dictcheck"]`` keys (written by :func:`dictcheck.empirics.sae_folder.new_sae_config`):
+``metadata["dictcheck"]`` keys (written by :func:`dictcheck.empirics.io.sae_folder.new_sae_config`):
 
 =====================  ==========================================================================
 ``arch``               dictcheck architecture name (``relu``, ``topk``, ..., ``bsf-grassmann``)
@@ -52,9 +52,9 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from dictcheck.empirics.atomic_files import fsync_dir as _fsync_dir
-from dictcheck.empirics.atomic_files import staged_file as _atomic_write_bytes
-from dictcheck.empirics.safe_io import read_json as safe_read_json
+from dictcheck.empirics.io.atomic_files import fsync_dir as _fsync_dir
+from dictcheck.empirics.io.atomic_files import staged_file as _atomic_write_bytes
+from dictcheck.empirics.io.safe_files import read_json as safe_read_json
 
 __all__ = [
     "CFG_FILE",
@@ -66,7 +66,9 @@ __all__ = [
     "SaeConfig",
     "SaeFormatError",
     "dictcheck_version",
+    "cast_weights",
     "check_tensors",
+    "dtype_name",
     "write_sae_files",
     "read_config",
     "read_sae_files",
@@ -128,9 +130,9 @@ class SaeConfig:
     """The SAELens top-level fields of ``cfg.json`` (docs/ecosystem.md §1).
 
     ``architecture`` is the *saved* string (``standard``, ``topk``, ``dictcheck/abs``, ...); the
-    dictcheck name is :func:`dictcheck.empirics.sae_folder.arch_of`. ``metadata`` holds the SAELens
+    dictcheck name is :func:`dictcheck.empirics.io.sae_folder.arch_of`. ``metadata`` holds the SAELens
     standard keys and ``metadata["dictcheck"]`` every dictcheck-specific field. Build one for an
-    architecture with :func:`dictcheck.empirics.sae_folder.new_sae_config`.
+    architecture with :func:`dictcheck.empirics.io.sae_folder.new_sae_config`.
     """
 
     d_in: int
@@ -182,7 +184,7 @@ class SaeConfig:
     def from_dict(cls, d: Mapping[str, Any], *, source: str = CFG_FILE) -> SaeConfig:
         """Parse a ``cfg.json`` dict. Top-level fields this class does not model are kept in
         ``extra_fields`` (never dropped): whether they change what the SAE computes is the architecture's
-        call (:func:`dictcheck.empirics.sae_folder.validate_config`).
+        call (:func:`dictcheck.empirics.io.sae_folder.validate_config`).
 
         Standard metadata keys found at top level (SAELens < 6 layout) are moved into
         ``metadata`` when ``metadata`` lacks them.
@@ -263,6 +265,19 @@ def shape_text(s: Any) -> str:
 
 #: Tensor name -> (shape, required), as :class:`dictcheck.empirics.architectures.Architecture` declares it.
 Schema = Mapping[str, tuple[tuple[int, ...], bool]]
+
+
+def cast_weights(tensors: Mapping[str, torch.Tensor], cfg: SaeConfig) -> dict[str, torch.Tensor]:
+    """The tensors detached, on the CPU, contiguous and in the dtype of ``cfg``."""
+    return {n: t.detach().to("cpu", cfg.torch_dtype).contiguous() for n, t in tensors.items()}
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    """The cfg.json ``dtype`` name of ``t``'s dtype (float32 for a dtype without one)."""
+    for name, dt in DTYPES.items():
+        if t.dtype == dt:
+            return name
+    return "float32"
 
 
 def check_tensors(
@@ -371,7 +386,7 @@ def _check_sparsity(sp: torch.Tensor, cfg: SaeConfig, source: str) -> None:
 
 # ---------------------------------------------------------------------- loading
 def read_json(path: Path) -> Any:
-    """A JSON file of an SAE folder, read with the limits of :func:`dictcheck.empirics.safe_io.read_json`
+    """A JSON file of an SAE folder, read with the limits of :func:`dictcheck.empirics.io.safe_files.read_json`
     (1 MiB, 64 levels: a folder may come from anyone); SaeFormatError (one line) otherwise."""
     if not path.is_file():
         raise SaeFormatError(f"{path}: file is missing")

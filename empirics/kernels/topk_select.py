@@ -1,4 +1,4 @@
-"""Row-wise top-m of the TopK-family pre-activations (empirics/sae_models.py) without the dense pass.
+"""Row-wise top-m of the TopK-family pre-activations (empirics/architectures/linear_sae.py) without the dense pass.
 
 :func:`row_topk` returns, for every row of a (n, d) matrix, its m largest entries and their
 columns, sorted by value (largest first; equal values by column), the same as
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dictcheck.empirics.sparse_products import run_split
+from dictcheck.empirics.kernels.sparse_products import run_split
 from dictcheck.solvers.row_topk import topk_rows
 
 __all__ = ["ALIKE_ROWS", "encoder_topk", "row_blocks", "row_topk"]

@@ -1,6 +1,6 @@
 """The interface every trainable featurizer implements (linear SAEs, bilinear autoencoders, BSFs).
 
-:func:`empirics.training.train` drives any :class:`Featurizer`; :mod:`empirics.architectures`
+:func:`empirics.training.loop.train` drives any :class:`Featurizer`; :mod:`empirics.architectures`
 maps each architecture name to the module that builds it. Layout: tokens are ROWS, ``x`` is
 (B, d_in) and codes are (B, d_sae).
 

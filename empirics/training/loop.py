@@ -8,7 +8,7 @@ given; then ``out`` receives the log, the checkpoints and the SAE folder, and a 
 :func:`best_of_runs` trains several candidates and keeps the one with the lowest training objective.
 
 LAYOUT: ``X`` is a numpy array of shape (N, d_in), **one token per ROW** (like
-:mod:`dictcheck.empirics.metrics`, unlike ``theory/`` and ``solvers/``).
+:mod:`dictcheck.empirics.metrics.reconstruction`, unlike ``theory/`` and ``solvers/``).
 
 What :func:`train` does, per the spec:
 
@@ -41,7 +41,7 @@ What :func:`train` does, per the spec:
 * **Log.** ``out/train_log.jsonl`` (and ``TrainResult.log``): one JSON object per line every ``log_every`` steps and at
   the last step, with keys step (completed steps, 1-based), tokens, lr, loss, mse, sparsity_loss,
   aux_loss, l0 (batch means), dead_frac_train, grad_norm (before clipping), elapsed_s.
-* **Checkpoints** (only with ``out``; :mod:`dictcheck.empirics.checkpoints`) ``out/checkpoints/ckpt_<step:08d>.pt`` every ``checkpoint_every`` steps and
+* **Checkpoints** (only with ``out``; :mod:`dictcheck.empirics.training.checkpoints`) ``out/checkpoints/ckpt_<step:08d>.pt`` every ``checkpoint_every`` steps and
   after the last step, each written atomically (temporary file in the same folder, fsync,
   :func:`os.replace`). Each holds the model and Adam states, the batch generator, the global torch
   (and CUDA) RNG states, the step, the dead-latent counters, the weight-relevant config and the data
@@ -52,21 +52,21 @@ What :func:`train` does, per the spec:
   uninterrupted run (same machine, same torch thread count). Resuming with a model, config or data
   that changes the result raises ValueError; ``resume=False`` on a folder that already holds
   checkpoints raises FileExistsError rather than deleting them.
-* **Several processes** (``torchrun``, ``dictcheck train --nproc P``; :mod:`dictcheck.empirics.distributed`):
+* **Several processes** (``torchrun``, ``dictcheck train --nproc P``; :mod:`dictcheck.empirics.training.distributed`):
   ``batch_size`` is the global batch, every rank draws the same indices and reads only its
   contiguous 1/P of them, gradients are averaged by DistributedDataParallel, dead-latent counters
   and logged means are global, only rank 0 writes the log, checkpoints (which then also hold every
   rank's RNG state and the world size) and the folder. Resuming needs the same number of ranks.
-* **Output.** The SAE folder itself is ``out`` (:func:`dictcheck.empirics.sae_folder.save_sae`: cfg.json,
+* **Output.** The SAE folder itself is ``out`` (:func:`dictcheck.empirics.io.sae_folder.save_sae`: cfg.json,
   sae_weights.safetensors, sparsity.safetensors, metrics.json). ``metadata.dictcheck`` gets seed,
   n_tokens (= steps·batch_size, the training tokens processed), data_hash (sha256 hex of
   ``X``'s C-contiguous bytes) and a ``training`` block (steps, batch_size, lr, aux_coef,
   b_dec_init, k, options (the resolved architecture options but k, lam and aux_coef, from which
-  :func:`dictcheck.empirics.sae_folder.load_featurizer` rebuilds the model), T_dead, n_data_tokens,
+  :func:`dictcheck.empirics.io.sae_folder.load_featurizer` rebuilds the model), T_dead, n_data_tokens,
   world_size).
 * **metrics.json** is computed on the TRAINING data (no held-out split; Decision): a seeded subset of
   ``min(N, eval_tokens)`` rows drawn without replacement. It holds
-  :func:`dictcheck.empirics.metrics.reconstruction_metrics` of (x, x̂) when the model reconstructs in input
+  :func:`dictcheck.empirics.metrics.reconstruction.reconstruction_metrics` of (x, x̂) when the model reconstructs in input
   space, the model's ``extra`` batch means averaged over tokens (e.g. bilinear ``nmse_lifted``,
   with ``eval_batch_size``), its ``firing_metrics`` (e.g. BSF ``dead_blocks``), plus ``l0``, ``dead_frac`` and
   ``n_eval_tokens`` computed streaming over the same rows (same definitions, no (N, d_sae) matrix
@@ -95,8 +95,8 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import REGISTRY, architecture
-from dictcheck.empirics.architectures import sae_default_lr as default_lr
-from dictcheck.empirics.checkpoints import (
+from dictcheck.empirics.architectures.sae import sae_default_lr as default_lr
+from dictcheck.empirics.training.checkpoints import (
     CHECKPOINT_DIR,
     CKPT_FORMAT,
     check_checkpoint,
@@ -107,11 +107,11 @@ from dictcheck.empirics.checkpoints import (
     to_cpu,
     truncate_log,
 )
-from dictcheck.empirics.distributed import World, current_world, rank_seed
-from dictcheck.empirics.featurizer import Featurizer
-from dictcheck.empirics.metrics import reconstruction_metrics
-from dictcheck.empirics.safe_io import check_free_space, check_memory, folder_lock
-from dictcheck.empirics.sae_folder import new_sae_config, save_sae
+from dictcheck.empirics.training.distributed import World, current_world, rank_seed
+from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.metrics.reconstruction import reconstruction_metrics
+from dictcheck.empirics.io.safe_files import check_free_space, check_memory, folder_lock
+from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
 from dictcheck.solvers.medians import geometric_median, huber_median
 
 __all__ = [
@@ -412,7 +412,7 @@ def _batch_means(res: Any, world: World) -> dict[str, float]:
 class _Rows:
     """The training rows: an in-memory array (one tensor) or a row store gathered batch by batch.
 
-    A row store (e.g. :class:`empirics.activation_store.ActivationStore`, memory-mapped shards) has
+    A row store (e.g. :class:`empirics.data.activation_store.ActivationStore`, memory-mapped shards) has
     ``shape`` (N, d_in), ``dtype``, ``__getitem__(int array) -> (len, d_in) array`` and
     ``content_hash()``; its rows are checked for NaN/inf as they are read. A store's ``manifest``
     (model name, hook, context) is copied into the saved config.
@@ -529,21 +529,21 @@ def train(
     """Train ``model`` (built by its architecture) on ``X`` under ``config``; write to ``out`` if given.
 
     ``X`` is an (N, d_in) float array, tokens as rows, or a row store such as
-    :func:`dictcheck.empirics.activation_store.open_activations` returns (memory-mapped shards, read
+    :func:`dictcheck.empirics.data.activation_store.open_activations` returns (memory-mapped shards, read
     batch by batch; its ``content_hash()`` stands in for the data hash). See the module docstring for
     the full behaviour. ``resume`` (needs ``out``) continues from the newest readable checkpoint, which
     is validated and loaded into ``model``. ``on_step(step)`` is called after every completed step (1-based; after
-    any checkpoint of that step). ``world`` (default: :func:`dictcheck.empirics.distributed.current_world`,
+    any checkpoint of that step). ``world`` (default: :func:`dictcheck.empirics.training.distributed.current_world`,
     i.e. the torchrun process group when one is initialised) makes this one of ``world.size``
     data-parallel ranks: ``batch_size`` is the global batch, each rank trains on its 1/size of it, and
     only rank 0 writes files. Every rank returns the same result.
     Before anything is allocated or written: the memory the run needs
     (:func:`training_memory_bytes`) and, with ``out``, the free disk its checkpoints and folder need
-    are checked (:class:`dictcheck.empirics.safe_io.ResourceError`), and ``out`` is locked for the
-    run (:class:`dictcheck.empirics.safe_io.FolderInUseError` while another process trains into it).
+    are checked (:class:`dictcheck.empirics.io.safe_files.ResourceError`), and ``out`` is locked for the
+    run (:class:`dictcheck.empirics.io.safe_files.FolderInUseError` while another process trains into it).
     A checkpoint to resume from is validated field by field first
-    (:func:`dictcheck.empirics.checkpoints.check_checkpoint`); unreadable checkpoints are never
-    skipped silently (:class:`dictcheck.empirics.checkpoints.CheckpointError`).
+    (:func:`dictcheck.empirics.training.checkpoints.check_checkpoint`); unreadable checkpoints are never
+    skipped silently (:class:`dictcheck.empirics.training.checkpoints.CheckpointError`).
     Raises ValueError for a bad config, model or data (also a batch_size not divisible by the number of
     ranks, or resuming a checkpoint written by another number of ranks), FileExistsError when
     ``resume`` is False and ``out`` already holds checkpoints, FloatingPointError on a non-finite loss.
@@ -607,7 +607,7 @@ def training_memory_bytes(model: Featurizer, batch_size: int, n_rows: int = 0) -
 
 def check_training_memory(arch: str, d_in: int, d_sae: int, options: Any = None, *, batch_size: int, n_rows: int = 0,
                           dtype: torch.dtype = torch.float32) -> None:
-    """:class:`dictcheck.empirics.safe_io.ResourceError` (one line) when training would need more memory
+    """:class:`dictcheck.empirics.io.safe_files.ResourceError` (one line) when training would need more memory
     than is available, decided before the model is built: first the d_sae × d_in matrix every
     architecture holds (4 copies: weights, gradients, Adam's moments), then the model built on the meta
     device (shapes only) with :func:`training_memory_bytes`. ValueError for invalid options."""

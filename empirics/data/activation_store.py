@@ -1,7 +1,7 @@
 """Residual-stream activations of a real LM, written to disk in shards and memory-mapped back
 (docs/ecosystem.md §5, docs/vasae.md §1).
 
-**Token windows** (Decision). The corpus documents (:mod:`empirics.corpus`) are put in a random
+**Token windows** (Decision). The corpus documents (:mod:`empirics.data.corpus`) are put in a random
 order (``numpy.random.default_rng(seed).permutation``), each is followed by a blank line
 (``"\\n\\n"``), and they are tokenised without special tokens and concatenated into one stream. The
 stream is cut into consecutive windows of ``context`` tokens; when the tokenizer prepends a BOS token
@@ -24,7 +24,7 @@ recomputed, and a changed one is reported on stderr. Rerunning a finished extrac
 when a shard no longer matches the manifest, the rerun recomputes it the same way. Stale temporary
 files are removed. A directory holding a different extraction is a ValueError. The manifest is
 validated before use (fields, types, shard names) and every reader verifies the shards against it.
-One process at a time writes a store (:func:`dictcheck.empirics.safe_io.folder_lock`); before any
+One process at a time writes a store (:func:`dictcheck.empirics.io.safe_files.folder_lock`); before any
 work, :func:`check_extraction` checks the request against the model's size, the memory a forward
 pass takes and the free disk the shards need.
 """
@@ -45,17 +45,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.atomic_files import atomic_write_bytes
-from dictcheck.empirics.corpus import load_corpus
-from dictcheck.empirics.lm_models import LMShape, LoadedLM, residual_at, sha256_file
-from dictcheck.empirics.safe_io import (
+from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.data.corpus import load_corpus
+from dictcheck.empirics.data.lm_models import LMShape, LoadedLM, residual_at, sha256_file
+from dictcheck.empirics.io.safe_files import (
     LOCK_FILE,
     check_free_space,
     check_memory,
     folder_lock,
 )
-from dictcheck.empirics.safe_io import read_json as safe_read_json
-from dictcheck.empirics.sae_io import dictcheck_version
+from dictcheck.empirics.io.safe_files import read_json as safe_read_json
+from dictcheck.empirics.io.saelens import dictcheck_version
 
 FORMAT = "dictcheck-activations"
 FORMAT_VERSION = 1
@@ -222,7 +222,7 @@ def _plan(lm: LoadedLM, layer: int, n_tokens: int, context: int, shard_tokens: i
 def check_extraction(shape: LMShape, layer: int, n_tokens: int, out_dir: str | Path, *, context: int = 128,
                      batch_size: int = 8, shard_tokens: int = 65536) -> None:
     """ValueError (one line) unless the extraction can run on a model of this ``shape`` (pass it to
-    :func:`dictcheck.empirics.lm_models.load_lm` as ``check`` to refuse before the weights load): the
+    :func:`dictcheck.empirics.data.lm_models.load_lm` as ``check`` to refuse before the weights load): the
     counts are positive integers, ``layer`` and ``context`` fit the model, a forward pass over a batch
     and the assembly of a shard fit in memory, and the shards fit on ``out_dir``'s file system."""
     for name, value, low in (("n_tokens", n_tokens, 1), ("context", context, 2), ("batch_size", batch_size, 1),
@@ -344,7 +344,7 @@ def extract_activations(lm: LoadedLM, layer: int, n_tokens: int, out_dir: str | 
     the shards that no longer match its manifest. ``progress``: None = tqdm bar on a terminal and
     one log line per shard otherwise; True = bar; False = silent. ValueError (one line) for bad
     arguments (:func:`check_extraction`), too few corpus tokens, a model that produces NaN or inf, or
-    an ``out_dir`` holding a different extraction; :class:`dictcheck.empirics.safe_io.FolderInUseError`
+    an ``out_dir`` holding a different extraction; :class:`dictcheck.empirics.io.safe_files.FolderInUseError`
     while another process writes ``out_dir``. A failed first run leaves no folder behind.
     """
     out = Path(out_dir)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: The shipped corpus file.
-CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.jsonl.gz"
+CORPUS_PATH = Path(__file__).resolve().parent / "corpus.jsonl.gz"
 #: SHA-256 of the decompressed JSONL bytes of :data:`CORPUS_PATH`.
 CORPUS_SHA256 = "ff391d9d9f9e6cdadf1d1f57c269a7f94886b95214ac4c4d42dcc7a628d0711c"
 #: Python version whose standard library the shipped corpus was built from.

@@ -1,0 +1,3 @@
+"""Training every featurizer: the loop (:mod:`.loop`), its crash-safe checkpoints
+(:mod:`.checkpoints`) and data-parallel runs over several processes (:mod:`.distributed`).
+docs/ecosystem.md §3."""

@@ -32,16 +32,21 @@ from dictcheck.proofs_checks.registry import (
     MUST_PASS,
     Check,
     CheckContext,
+    CheckListing,
+    list_checks,
     load_all_checks,
     replication_verdict,
 )
 from dictcheck.proofs_checks.report import write_json_atomic, write_report
 
 
-def select_checks(quick: bool, only: str | None, kinds: str | None = None) -> list[Check]:
+def select_checks(quick: bool, only: str | None, kinds: str | None = None, *,
+                  listing: bool = False) -> list[Check] | list[CheckListing]:
     """The registered checks grouped by kind (in :data:`KINDS` order), in id order within a kind, filtered by
-    ``--quick``, ``--kind`` (comma-separated kinds) and the ``--only`` glob(s)."""
-    checks = sorted(load_all_checks().values(), key=lambda c: (KINDS.index(c.kind), c.id))
+    ``--quick``, ``--kind`` (comma-separated kinds) and the ``--only`` glob(s); with ``listing``, their
+    :class:`CheckListing` (no check module imported)."""
+    every = list_checks() if listing else load_all_checks().values()
+    checks = sorted(every, key=lambda c: (KINDS.index(c.kind), c.id))
     if quick:
         checks = [c for c in checks if c.quick]
     if kinds:

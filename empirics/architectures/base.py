@@ -11,6 +11,10 @@ An architecture is a subclass of :class:`Architecture` registered with :func:`re
   :meth:`decoder_constraint_violation`, how far a model's decoder is from it (None for ``"none"``);
   ``b_dec_inits``: the centring rules the training loop may use (the first is the default;
   ``"none"``: no centring vector);
+* ``encoder_weights``: the parameters an encoder fitted to a frozen decoder trains
+  (:mod:`dictcheck.empirics.training.encoder_fit`; empty: it cannot be fitted), and ``trains_objective_1``:
+  whether its loss is objective (1) at its ``lam`` (docs/theory.md §1), so that a λ of (1) is its own sparsity
+  coefficient;
 * :meth:`default_lr`, a typed options dataclass ``Options`` (a subclass of :class:`ArchOptions`;
   defaults, CLI help and CLI type as field metadata, made with :func:`option`), its weight schema
   (:meth:`weight_schema`), its exactness under DDP (:meth:`ddp_inexactness`) and how to build it
@@ -29,13 +33,15 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
-from dictcheck.empirics.architectures.featurizer import Featurizer
-from dictcheck.empirics.io.saelens import SaeConfig
+if TYPE_CHECKING:  # this module stays torch-free: the registry and the CLI's parsers read it
+    import torch
+
+    from dictcheck.empirics.architectures.featurizer import Featurizer
+    from dictcheck.empirics.io.saelens import SaeConfig
 
 __all__ = [
     "ArchOptions",
@@ -44,8 +50,7 @@ __all__ = [
     "option",
     "register",
     "unregister",
-    "REGISTRY",
-    "architecture",
+    "REGISTERED",
     "require_int",
     "require_real",
 ]
@@ -124,6 +129,10 @@ class Architecture:
     #: Top-level cfg.json fields beyond SaeConfig's that this architecture implements (e.g. SAELens'
     #: ``rescale_acts_by_decoder_norm`` for TopK); any other is refused when a folder is read.
     cfg_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Parameters an encoder fit with the decoder frozen trains (empty: none).
+    encoder_weights: ClassVar[tuple[str, ...]] = ()
+    #: Its training loss is objective (1) at its option ``lam`` (λ of (1) is its sparsity coefficient).
+    trains_objective_1: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ options
     def default_lr(self, d_sae: int) -> float:
@@ -187,8 +196,12 @@ class Architecture:
         raise NotImplementedError
 
     def build(self, d_in: int, d_sae: int, options: Mapping[str, Any] | ArchOptions | None = None, *,
-              seed: int = 0, dtype: torch.dtype = torch.float32) -> Featurizer:
-        """Validate the options and build a fresh model; ``model.arch_options`` holds the resolved options."""
+              seed: int = 0, dtype: torch.dtype | None = None) -> Featurizer:
+        """Validate the options and build a fresh model (``dtype`` None: float32); ``model.arch_options`` holds
+        the resolved options."""
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
         require_int("d_in", d_in, 1)
         require_int("d_sae", d_sae, 1)
         opts = self.options(options, d_sae)
@@ -232,28 +245,22 @@ class Architecture:
         return f"<architecture {self.name!r} ({self.family})>"
 
 
-REGISTRY: dict[str, Architecture] = {}
+#: The architectures registered so far (:mod:`dictcheck.empirics.architectures.registry` imports their modules on
+#: demand and is what callers read).
+REGISTERED: dict[str, Architecture] = {}
 
 
 def register(cls: type[Architecture]) -> type[Architecture]:
     """Class decorator: register one instance of ``cls`` under ``cls.name`` (ValueError if taken)."""
-    if cls.name in REGISTRY:
+    if cls.name in REGISTERED:
         raise ValueError(f"architecture {cls.name!r} is registered twice")
-    if cls.reads_foreign and any(a.reads_foreign and a.saved_name == cls.saved_name for a in REGISTRY.values()):
+    if cls.reads_foreign and any(a.reads_foreign and a.saved_name == cls.saved_name for a in REGISTERED.values()):
         raise ValueError(f"architecture {cls.name!r}: foreign folders saved as {cls.saved_name!r} already read as "
                          "another architecture")
-    REGISTRY[cls.name] = cls()
+    REGISTERED[cls.name] = cls()
     return cls
 
 
 def unregister(name: str) -> None:
     """Remove an architecture from the registry (tests register toy architectures temporarily)."""
-    REGISTRY.pop(name, None)
-
-
-def architecture(name: str) -> Architecture:
-    """The registered architecture called ``name``; ValueError naming the known ones otherwise."""
-    try:
-        return REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"arch must be one of {list(REGISTRY)}, got {name!r}") from None
+    REGISTERED.pop(name, None)

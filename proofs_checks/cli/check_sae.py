@@ -15,7 +15,6 @@ import os
 import sys
 from typing import Any
 
-from dictcheck.empirics.io.saelens import SaeFormatError
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
 from dictcheck.proofs_checks.cli.inputs import finite_result, positive_lambda, scan_points_file
 from dictcheck.proofs_checks.cli.ranks import (
@@ -26,7 +25,6 @@ from dictcheck.proofs_checks.cli.ranks import (
     user_error_line,
 )
 from dictcheck.proofs_checks.errors import UserError
-from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, sae_report
 
 #: What each violation measures, for readers of the report (docs/theory.md §6).
 SCALES = (
@@ -55,6 +53,8 @@ def _lam_arg(value: str) -> float | str:
 
 
 def _print_human(report: dict[str, Any], directory: str) -> None:
+    from dictcheck.solvers.decoder_geometry import ANTIPODAL_COSINE
+
     print(report["verdict"])
     print()
     print("\n".join(SCALES))
@@ -152,7 +152,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _check_here(args: argparse.Namespace, reduce: Any) -> int:
-    """The check in this process (alone, or as one rank of ``reduce``'s group: rank 0 prints)."""
+    """The check in this process (alone, or as one rank of ``reduce``'s group: rank 0 prints); the report's
+    modules load here, not when the parser is built."""
+    from dictcheck.empirics.io.saelens import SaeFormatError
+    from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
     from dictcheck.solvers.reductions import LOCAL
 
     _validate(args)

@@ -200,6 +200,13 @@ def _residual_and_support_gradient(rows, scale, C, P, zP, k, x, lam, r, gP):
 
 
 @nb.njit(**_JIT)
+def _lawson_hanson_scratch(M):
+    """The scratch vectors of :func:`_lawson_hanson` for up to M candidates: qP, yq, s, y, wC and the mask isP
+    (False on entry, as it requires)."""
+    return (np.empty(M), np.empty(M), np.empty(M), np.empty(M), np.empty(M), np.zeros(M, dtype=np.bool_))
+
+
+@nb.njit(**_JIT)
 def _lawson_hanson(G, q, nC, P, zP, k, factored, isP, L, qP, yq, s, y, wC, eps):
     """Step 2 of the module docstring on the candidate block (G, q) from the support P[:k] (local indices).
     ``factored``: L already holds the Cholesky factor of G_PP and z_P is optimal on P (a previous call's
@@ -311,12 +318,7 @@ def solve_on_candidates(rows, scale, gram, X, lam, C, nC, filled, G, q, L, facto
     the absolute accuracy asked of g on the support (tol·λ)."""
     D = X.shape[1]
     M = G.shape[1]
-    qP = np.empty(M)
-    yq = np.empty(M)
-    s = np.empty(M)
-    y = np.empty(M)
-    wC = np.empty(M)
-    isP = np.zeros(M, dtype=np.bool_)
+    qP, yq, s, y, wC, isP = _lawson_hanson_scratch(M)
     for t_point in range(lo, hi):
         i = which[t_point]
         n = nC[i]
@@ -555,13 +557,8 @@ def solve_points_gram(G, Gs, Qs, X, rows, scale, lam, eq, guess, cand, eps, tol_
     qC = np.empty(M)
     P = np.empty(M, dtype=np.int64)
     zP = np.empty(M)
-    isP = np.zeros(M, dtype=np.bool_)
     L = np.zeros((M, M))
-    qP = np.empty(M)
-    yq = np.empty(M)
-    s = np.empty(M)
-    y = np.empty(M)
-    wC = np.empty(M)
+    qP, yq, s, y, wC, isP = _lawson_hanson_scratch(M)
     gs = np.empty(d_z, dtype=Gs.dtype)
     zs = np.empty(M, dtype=Gs.dtype)
     viol_idx = np.empty(d_z, dtype=np.int64)

@@ -191,6 +191,36 @@ def check(
     return register
 
 
+@dataclass(frozen=True)
+class CheckListing:
+    """What ``dictcheck run --list`` shows of a check, read from its registration without running its module."""
+
+    id: str
+    title: str
+    spec: str
+    kind: str
+    quick: bool = True
+
+
+def list_checks() -> list[CheckListing]:
+    """Every check's listing, read from the ``@check(...)`` decorators of the modules of proofs_checks.checks
+    (their id, title, spec, kind and quick are literals), so that listing imports none of them (nor torch).
+    tests/test_cli_startup.py holds this equal to the registrations of :func:`load_all_checks`."""
+    import ast
+
+    import dictcheck.proofs_checks.checks as package
+
+    found = []
+    for path in sorted(Path(package.__path__[0]).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for deco in getattr(node, "decorator_list", ()):
+                if isinstance(deco, ast.Call) and isinstance(deco.func, ast.Name) and deco.func.id == "check":
+                    args = [ast.literal_eval(a) for a in deco.args[:3]]
+                    kw = {k.arg: ast.literal_eval(k.value) for k in deco.keywords if k.arg in ("kind", "quick")}
+                    found.append(CheckListing(*args, **kw))
+    return found
+
+
 def load_all_checks() -> dict[str, Check]:
     """Import every module of proofs_checks.checks so that their checks register."""
     import importlib

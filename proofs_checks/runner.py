@@ -35,6 +35,8 @@ from dictcheck.proofs_checks.registry import (
     MUST_PASS,
     Check,
     CheckContext,
+    CheckListing,
+    list_checks,
     load_all_checks,
     must_pass_verdict,
     replication_verdict,
@@ -42,10 +44,12 @@ from dictcheck.proofs_checks.registry import (
 from dictcheck.proofs_checks.report import write_json_atomic, write_report
 
 
-def select_checks(quick: bool, only: str | None, kinds: str | None = None) -> list[Check]:
+def select_checks(quick: bool, only: str | None, kinds: str | None = None, *,
+                  listing: bool = False) -> list[Check] | list[CheckListing]:
     """The registered checks grouped by kind (in :data:`KINDS` order), in id order within a kind, filtered by
-    ``--quick``, ``--kind`` (comma-separated kinds) and the ``--only`` glob(s). Both filters are checked before
-    the checks are imported (UserError for a filter that names nothing)."""
+    ``--quick``, ``--kind`` (comma-separated kinds) and the ``--only`` glob(s); with ``listing``, their
+    :class:`CheckListing` (no check module imported). Both filters are checked before the checks are imported
+    (UserError for a filter that names nothing)."""
     wanted = None if kinds is None else {k.strip() for k in kinds.split(",") if k.strip()}
     if wanted is not None:
         if not wanted:
@@ -57,7 +61,8 @@ def select_checks(quick: bool, only: str | None, kinds: str | None = None) -> li
     if patterns is not None and not patterns:
         raise UserError(f"--only {only!r} names no check (give check ids or globs, comma-separated; "
                         "see `dictcheck run --list`)")
-    checks = sorted(load_all_checks().values(), key=lambda c: (KINDS.index(c.kind), c.id))
+    every = list_checks() if listing else load_all_checks().values()
+    checks = sorted(every, key=lambda c: (KINDS.index(c.kind), c.id))
     if quick:
         checks = [c for c in checks if c.quick]
     if wanted is not None:

@@ -135,7 +135,7 @@ def test_a_toy_architecture_registered_in_a_test_trains_saves_loads_and_has_cli_
     assert json.loads((tmp_path / "cli" / "cfg.json").read_text())["metadata"]["dictcheck"]["training"][
         "options"] == {"scale": 0.5}
     with pytest.raises(SystemExit):
-        main(["train", "--help"])
+        main(["train", "--arch", "toy-linear", "--help"])
     assert "--scale" in capsys.readouterr().out
 
 

@@ -29,14 +29,17 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
-from dictcheck.empirics.architectures.featurizer import Featurizer
-from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.theory.scaling import MAX_ENTRY
+
+if TYPE_CHECKING:  # this module stays torch-free: the registry and the CLI's parsers read it
+    import torch
+
+    from dictcheck.empirics.architectures.featurizer import Featurizer
+    from dictcheck.empirics.io.saelens import SaeConfig
 
 __all__ = [
     "ArchOptions",
@@ -45,8 +48,7 @@ __all__ = [
     "option",
     "register",
     "unregister",
-    "REGISTRY",
-    "architecture",
+    "REGISTERED",
     "require_int",
     "require_real",
 ]
@@ -190,8 +192,12 @@ class Architecture:
         raise NotImplementedError
 
     def build(self, d_in: int, d_sae: int, options: Mapping[str, Any] | ArchOptions | None = None, *,
-              seed: int = 0, dtype: torch.dtype = torch.float32) -> Featurizer:
-        """Validate the options and build a fresh model; ``model.arch_options`` holds the resolved options."""
+              seed: int = 0, dtype: torch.dtype | None = None) -> Featurizer:
+        """Validate the options and build a fresh model (``dtype`` None: float32); ``model.arch_options`` holds
+        the resolved options."""
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
         require_int("d_in", d_in, 1)
         require_int("d_sae", d_sae, 1)
         opts = self.options(options, d_sae)
@@ -235,28 +241,22 @@ class Architecture:
         return f"<architecture {self.name!r} ({self.family})>"
 
 
-REGISTRY: dict[str, Architecture] = {}
+#: The architectures registered so far (:mod:`dictcheck.empirics.architectures.registry` imports their modules on
+#: demand and is what callers read).
+REGISTERED: dict[str, Architecture] = {}
 
 
 def register(cls: type[Architecture]) -> type[Architecture]:
     """Class decorator: register one instance of ``cls`` under ``cls.name`` (ValueError if taken)."""
-    if cls.name in REGISTRY:
+    if cls.name in REGISTERED:
         raise ValueError(f"architecture {cls.name!r} is registered twice")
-    if cls.reads_foreign and any(a.reads_foreign and a.saved_name == cls.saved_name for a in REGISTRY.values()):
+    if cls.reads_foreign and any(a.reads_foreign and a.saved_name == cls.saved_name for a in REGISTERED.values()):
         raise ValueError(f"architecture {cls.name!r}: foreign folders saved as {cls.saved_name!r} already read as "
                          "another architecture")
-    REGISTRY[cls.name] = cls()
+    REGISTERED[cls.name] = cls()
     return cls
 
 
 def unregister(name: str) -> None:
     """Remove an architecture from the registry (tests register toy architectures temporarily)."""
-    REGISTRY.pop(name, None)
-
-
-def architecture(name: str) -> Architecture:
-    """The registered architecture called ``name``; ValueError naming the known ones otherwise."""
-    try:
-        return REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"arch must be one of {list(REGISTRY)}, got {name!r}") from None
+    REGISTERED.pop(name, None)

@@ -94,7 +94,7 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import REGISTRY, architecture
-from dictcheck.empirics.architectures import sae_default_lr as default_lr
+from dictcheck.empirics.architectures.sae import sae_default_lr as default_lr
 from dictcheck.empirics.training.checkpoints import (
     CHECKPOINT_DIR,
     CKPT_FORMAT,

@@ -26,7 +26,8 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from dictcheck.empirics.kernels.openmp_spin import shorten_openmp_spin
 from dictcheck.empirics.io.safe_files import FolderInUseError, ResourceError
@@ -44,7 +45,25 @@ _DEBUG_HELP = f"print the traceback of a failure (also: {DEBUG_ENV}=1)"
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are a single line on stderr with exit code 2."""
+    """argparse whose usage errors are a single line on stderr with exit code 2, and whose arguments may depend
+    on the command line: :meth:`before_parsing` hooks add them (e.g. options that need a heavy import) when the
+    arguments are known."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._before_parsing: list[Callable[[argparse.ArgumentParser, Sequence[str]], None]] = []
+
+    def before_parsing(self, hook: Callable[[argparse.ArgumentParser, Sequence[str]], None]) -> None:
+        """Call ``hook(parser, args)`` once, with the arguments this parser is about to parse (also for ``--help``)."""
+        self._before_parsing.append(hook)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        args = list(sys.argv[1:] if args is None else args)
+        hooks, self._before_parsing = self._before_parsing, []
+        for hook in hooks:
+            hook(self, args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"dictcheck: error: {_one_line(message)}\n")

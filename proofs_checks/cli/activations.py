@@ -16,8 +16,6 @@ import argparse
 import json
 import time
 
-from dictcheck.empirics.data.activation_store import check_extraction, extract_activations
-from dictcheck.empirics.data.lm_models import BUILTIN_MODELS, load_lm
 from dictcheck.proofs_checks.cli.inputs import output_dir
 from dictcheck.proofs_checks.errors import UserError
 
@@ -25,6 +23,9 @@ from dictcheck.proofs_checks.errors import UserError
 def run_activations(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck activations``: the flags, the output folder and (from the model's config,
     before its weights load) the layer, context, memory and free disk are checked first."""
+    from dictcheck.empirics.data.activation_store import check_extraction, extract_activations
+    from dictcheck.empirics.data.lm_models import load_lm
+
     for flag, value in (("--tokens", args.tokens), ("--context", args.context), ("--batch-size", args.batch_size),
                         ("--shard-tokens", args.shard_tokens)):
         if value < (2 if flag == "--context" else 1):
@@ -59,8 +60,8 @@ def run_activations(args: argparse.Namespace) -> int:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``dictcheck activations``."""
     p = commands.add_parser("activations", help="extract a language model's residual-stream activations to sharded .npy files")
-    p.add_argument("--model", required=True, metavar="{" + ",".join(BUILTIN_MODELS) + ",PATH}",
-                   help="built-in model, a .gguf file or a local Hugging Face model directory")
+    p.add_argument("--model", required=True, metavar="MODEL", help="a built-in model (smollm2, tinycoder), a .gguf "
+                   "file or a local Hugging Face model directory")
     p.add_argument("--layer", required=True, type=int, help="decoder layer L; its output h^(L) is stored")
     p.add_argument("--tokens", required=True, type=int, help="number of activation rows (tokens) to store")
     p.add_argument("--out", required=True, metavar="DIR")

@@ -14,7 +14,6 @@ from dataclasses import replace
 from typing import Any
 
 from dictcheck.empirics.io.atomic_files import atomic_write_bytes
-from dictcheck.empirics.metrics.manifold_bench import DEFAULT, QUICK, run_benchmark
 from dictcheck.empirics.io.safe_files import folder_lock
 from dictcheck.proofs_checks.cli.inputs import finite_result, output_dir
 from dictcheck.proofs_checks.errors import UserError
@@ -44,6 +43,8 @@ def _print_tables(result: dict[str, Any]) -> None:
 
 def run_bench_manifolds(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck bench-manifolds``."""
+    from dictcheck.empirics.metrics.manifold_bench import DEFAULT, QUICK, run_benchmark
+
     if args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
     s = QUICK if args.quick else DEFAULT

@@ -14,11 +14,9 @@ import json
 import sys
 from typing import Any
 
-from dictcheck.empirics.io.saelens import SaeFormatError
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
 from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, finite_result, scan_points_file
 from dictcheck.proofs_checks.errors import UserError
-from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, sae_report
 from dictcheck.solvers.devices import DEVICE_CHOICES
 
 #: What each violation measures, for readers of the report (docs/theory.md §6).
@@ -48,6 +46,8 @@ def _lam_arg(value: str) -> float | str:
 
 
 def _print_human(report: dict[str, Any], directory: str) -> None:
+    from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE
+
     print(report["verdict"])
     print()
     print("\n".join(SCALES))
@@ -90,7 +90,10 @@ def _print_human(report: dict[str, Any], directory: str) -> None:
 
 
 def check_sae(args: argparse.Namespace) -> int:
-    """Handler of ``dictcheck check-sae``."""
+    """Handler of ``dictcheck check-sae`` (the report's modules load here, not when the parser is built)."""
+    from dictcheck.empirics.io.saelens import SaeFormatError
+    from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
+
     try:  # every setting checked here, by the same rules the API applies (SaeCheckSettings)
         settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull,
                                     hull_atoms=args.hull_atoms, hull_tokens=args.hull_tokens, polish=args.polish,

@@ -25,17 +25,17 @@ import json
 import math
 from typing import Any
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from dictcheck.empirics.data.activation_store import token_windows
-from dictcheck.empirics.metrics.lm import alignment_metrics, feature_names, splice_metrics
-from dictcheck.empirics.data.lm_models import LMShape, load_lm
+import numpy as np
+
 from dictcheck.empirics.io.safe_files import check_memory
-from dictcheck.empirics.io.formats import load_any_sae
-from dictcheck.empirics.io.saelens import SaeConfig, SaeFormatError
 from dictcheck.proofs_checks.cli.inputs import finite_result
 from dictcheck.proofs_checks.errors import UserError
+
+if TYPE_CHECKING:
+    from dictcheck.empirics.data.lm_models import LMShape
+    from dictcheck.empirics.io.saelens import SaeConfig
 
 _SHOWN = ("ve", "fvu", "mse_per_element", "l0", "dead_frac", "ce_clean", "ce_sae", "ce_zero", "ce_recovered",
           "delta_ce", "kl", "kl_score")
@@ -68,6 +68,14 @@ def evaluate(sae_dir: str, layer: int, model: str = "smollm2", tokens: int = 204
              batch_size: int = 4, seed: int = 1, names: int = 10) -> dict[str, Any]:
     """The eval-lm report as a JSON-ready dict (UserError for bad input, found before the model's
     weights load where the config suffices)."""
+    import torch
+
+    from dictcheck.empirics.data.activation_store import token_windows
+    from dictcheck.empirics.data.lm_models import load_lm
+    from dictcheck.empirics.io.formats import load_any_sae
+    from dictcheck.empirics.io.saelens import SaeFormatError
+    from dictcheck.empirics.metrics.lm import alignment_metrics, feature_names, splice_metrics
+
     _positive("--tokens", tokens)
     _positive("--context", context, 2)
     _positive("--batch-size", batch_size)

@@ -2,7 +2,7 @@
 
     dictcheck inspect-bilinear DIR [--latent I] [--top K] [--json] [--figure PATH --data X.npy]
 
-Reads the folder with :func:`empirics.io.saelens.load_sae` (``bilinear-quadratic|atomic|compound``) and
+Reads the folder with :func:`empirics.io.sae_folder.load_sae` (``bilinear-quadratic|atomic|compound``) and
 reports, from the weights alone, per latent: the §6 label, numerical rank (τ_eig = 1e-6), effective
 rank, importance (‖B‖_F² normalised over all latents), captured (top 3), top eigenvalues and, for the
 compound prior, the support ‖C_k‖₀. Without ``--latent`` it prints the ``--top`` most important latents
@@ -21,9 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from dictcheck.empirics.architectures import architecture
-from dictcheck.empirics.io.sae_folder import arch_fields_of, arch_of, load_sae
-from dictcheck.empirics.io.saelens import SaeFormatError
 from dictcheck.proofs_checks.cli.inputs import FIGURE_SUFFIXES, finite_result, load_points, output_file
 from dictcheck.proofs_checks.errors import UserError
 from dictcheck.theory.bilinear_lifted import BilinearDictionary
@@ -36,6 +33,10 @@ DETAIL_COORDINATES = 5
 
 
 def _forms(directory: str) -> tuple[FactoredForms, dict[str, Any]]:
+    from dictcheck.empirics.architectures import architecture
+    from dictcheck.empirics.io.sae_folder import arch_fields_of, arch_of, load_sae
+    from dictcheck.empirics.io.saelens import SaeFormatError
+
     try:
         weights, cfg = load_sae(directory)
     except SaeFormatError as exc:

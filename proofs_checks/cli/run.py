@@ -77,7 +77,7 @@ def _print_changes(changes: list[dict[str, Any]], baseline: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck run``."""
     if args.list:
-        _list(select_checks(args.quick, args.only, args.kind))
+        _list(select_checks(args.quick, args.only, args.kind, listing=True))
         return 0
     out = output_dir(args.out)  # before the checks are imported: a folder in use is refused at once
     baseline = None

@@ -39,20 +39,21 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from dictcheck.empirics.architectures import REGISTRY, architecture
-from dictcheck.empirics.training.distributed import SINGLE, World, env_world_size, process_group
-from dictcheck.empirics.architectures.featurizer import Featurizer
+from dictcheck.empirics.architectures import REGISTRY, architecture, names
 from dictcheck.empirics.data.toys import TOYS, make_toy
-from dictcheck.empirics.training.loop import TrainConfig, check_training_memory, latest_checkpoint, train
 from dictcheck.proofs_checks.cli.inputs import load_points, output_dir, positive_lambda
 from dictcheck.proofs_checks.errors import UserError
+
+if TYPE_CHECKING:  # torch and the training loop load when a run starts, not when the parser is built
+    from dictcheck.empirics.architectures.featurizer import Featurizer
+    from dictcheck.empirics.training.distributed import World
+    from dictcheck.empirics.training.loop import TrainConfig
 
 #: Set by ``--nproc`` for its workers: they leave reporting errors to the launcher.
 _LAUNCHED_ENV = "DICTCHECK_LAUNCHED"
@@ -92,6 +93,8 @@ def _option_fields() -> dict[str, list[tuple[str, Any]]]:
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
+    from dictcheck.empirics.training.loop import TrainConfig
+
     settings: dict[str, Any] = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
                                 "wandb_project": args.wandb, "device": args.device}
     for name in ("checkpoint_every", "log_every"):
@@ -109,6 +112,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _model(args: argparse.Namespace, d_in: int) -> Featurizer:
     """The architecture's fresh model with the options given on the command line (seed ``--seed``)."""
+    import torch
+
     return architecture(args.arch).build(d_in, args.d_sae, _options(args), seed=args.seed,
                                          dtype=getattr(torch, args.dtype))
 
@@ -148,6 +153,8 @@ def _report_worker_error(world_size: int, rank: int, message: str) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck train``: here, as one rank under torchrun, or launching ``--nproc`` ranks."""
+    from dictcheck.empirics.training.distributed import SINGLE, env_world_size, process_group
+
     if args.nproc < 1:
         raise UserError(f"--nproc must be >= 1, got {args.nproc}")
     try:
@@ -181,6 +188,10 @@ def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None 
     """Train in this process (rank ``world.rank`` of ``world.size``); rank 0 prints the summary. The
     output folder, λ, the anchor source, the data, the config and the memory the run needs are
     checked before the model is built (the folder by rank 0 only: it alone writes, and locks it)."""
+    import torch
+
+    from dictcheck.empirics.training.loop import check_training_memory, train
+
     if world.is_main:
         output_dir(args.out)
     if getattr(args, "lam", None) is not None:
@@ -288,6 +299,8 @@ def _failure_line(rank: int, failure: Any, out: str) -> tuple[str, int]:
             saved.parent.mkdir(parents=True, exist_ok=True)
             saved.write_text(trace)
             what += f" ({message}; traceback in {saved})"
+    from dictcheck.empirics.training.loop import latest_checkpoint
+
     ckpt = latest_checkpoint(out)
     hint = (f"; the newest checkpoint is {ckpt.name}: rerun the same command with --resume to continue"
             if ckpt is not None else "; no checkpoint was written yet")
@@ -318,8 +331,10 @@ def _launch(args: argparse.Namespace) -> int:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``dictcheck train``."""
-    p = commands.add_parser("train", help="train an SAE, BSF or bilinear autoencoder and save it in the SAELens layout")
-    p.add_argument("--arch", required=True, choices=list(REGISTRY))
+    p = commands.add_parser("train", help="train an SAE, BSF or bilinear autoencoder and save it in the SAELens layout",
+                            epilog="The options of the architectures (--k, --lam, --block-size, ...) are listed by "
+                            "`dictcheck train --arch ARCH --help`.")
+    p.add_argument("--arch", required=True, choices=names(), help="the architecture; its options load when it is named")
     p.add_argument("--data", metavar="X.npy|DIR", help="training data (N, D), one token per row, or a directory "
                    "written by `dictcheck activations`")
     p.add_argument("--toy", metavar="NAME", help="a built-in toy data set instead of --data")
@@ -337,7 +352,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc", type=int, default=1, metavar="P",
                    help="train with P data-parallel processes (DDP; gloo on CPU, nccl on CUDA); "
                    "--batch-size is the global batch")
-    _add_option_groups(p)
+    p.before_parsing(_add_option_groups)
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--wandb", metavar="PROJECT", help="also log to Weights & Biases (needs the wandb package)")
@@ -345,9 +360,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_train)
 
 
-def _add_option_groups(p: argparse.ArgumentParser) -> None:
-    """One argument group per architecture family, built from the options dataclasses: each option once,
-    in the group of the first family that declares it, its help naming the architectures that take it."""
+def _add_option_groups(p: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """When ``argv`` names an architecture (``--arch``): one argument group per architecture family, built from
+    the options dataclasses (which loads the architectures' modules, and torch): each option once, in the group
+    of the first family that declares it, its help naming the architectures that take it. Every architecture's
+    options are added, so an option of another one is refused by the architecture with its allowed list."""
+    if not any(a == "--arch" or a.startswith("--arch=") for a in argv):
+        return
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, uses in _option_fields().items():
         first = architecture(uses[0][0])

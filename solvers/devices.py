@@ -7,9 +7,10 @@ one) is a ValueError with one line saying what is accepted and, for CUDA, what t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads when a device is resolved: the CLI's parsers import this module for its names
+    import torch
 
 __all__ = ["DEVICE_CHOICES", "resolve_device"]
 
@@ -19,6 +20,8 @@ DEVICE_CHOICES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 def resolve_device(value: Any, what: str = "device") -> torch.device:
     """The torch device ``value`` names (module docstring); ValueError naming ``what`` otherwise."""
+    import torch
+
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{what} must be {DEVICE_CHOICES}, got {value!r}")
     if value == "auto":

@@ -11,6 +11,10 @@ An architecture is a subclass of :class:`Architecture` registered with :func:`re
   :meth:`decoder_constraint_violation`, how far a model's decoder is from it (None for ``"none"``);
   ``b_dec_inits``: the centring rules the training loop may use (the first is the default;
   ``"none"``: no centring vector);
+* ``encoder_weights``: the parameters an encoder fitted to a frozen decoder trains
+  (:mod:`dictcheck.empirics.training.encoder_fit`; empty: it cannot be fitted), and ``trains_objective_1``:
+  whether its loss is objective (1) at its ``lam`` (docs/theory.md §1), so that a λ of (1) is its own sparsity
+  coefficient;
 * :meth:`default_lr`, a typed options dataclass ``Options`` (a subclass of :class:`ArchOptions`;
   defaults, CLI help and CLI type as field metadata, made with :func:`option`), its weight schema
   (:meth:`weight_schema`), its exactness under DDP (:meth:`ddp_inexactness`) and how to build it
@@ -129,6 +133,10 @@ class Architecture:
     #: Top-level cfg.json fields beyond SaeConfig's that this architecture implements (e.g. SAELens'
     #: ``rescale_acts_by_decoder_norm`` for TopK); any other is refused when a folder is read.
     cfg_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Parameters an encoder fit with the decoder frozen trains (empty: none).
+    encoder_weights: ClassVar[tuple[str, ...]] = ()
+    #: Its training loss is objective (1) at its option ``lam`` (λ of (1) is its sparsity coefficient).
+    trains_objective_1: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ options
     def default_lr(self, d_sae: int) -> float:

@@ -26,8 +26,9 @@ from dictcheck.empirics.architectures.linear_sae import make_sae
 
 __all__ = ["sae_default_lr", "LinearSAEOptions", "LinearSAE", "Relu", "TopK", "BatchTopK", "JumpReLU", "Abs"]
 
-#: Centring rules (docs/ecosystem.md §3 init): geometric median of the first batch by default.
-SAE_B_DEC_INITS = ("geometric_median", "huber_median", "mean", "zero")
+#: Centring rules (docs/ecosystem.md §3 init): geometric median of the first batch by default; "keep" leaves
+#: the model's b_dec (a warm start).
+SAE_B_DEC_INITS = ("geometric_median", "huber_median", "mean", "zero", "keep")
 
 
 def sae_default_lr(d_sae: int) -> float:
@@ -119,6 +120,7 @@ class LinearSAE(Architecture):
     family_title = "linear SAEs (relu, topk, batchtopk, jumprelu, abs)"
     decoder_norm = "unit"
     b_dec_inits = SAE_B_DEC_INITS
+    encoder_weights = ("W_enc", "b_enc")
 
     @property
     def fields_key(self) -> str:  # type: ignore[override]
@@ -178,6 +180,7 @@ class Relu(LinearSAE):
     saved_name = "standard"
     reads_foreign = True
     Options = LamOptions
+    trains_objective_1 = True
 
 
 @register
@@ -245,3 +248,4 @@ class Abs(LinearSAE):
     name = "abs"
     saved_name = "dictcheck/abs"
     Options = LamOptions
+    trains_objective_1 = True

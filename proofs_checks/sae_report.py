@@ -46,11 +46,13 @@ from dictcheck.empirics.metrics.reconstruction import StreamingMetrics
 from dictcheck.empirics.data.row_source import RowSource, open_rows
 from dictcheck.empirics.io.formats import load_any_sae
 from dictcheck.empirics.io.saelens import SaeConfig
+from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, checked_lambda, checked_range
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.proofs_checks.sae_budget import available_memory, estimate_memory, refuse_if_too_large
 from dictcheck.solvers.atom_rows import AtomRows
 from dictcheck.solvers.decoder_geometry import ANTIPODAL_COSINE, decoder_geometry
 from dictcheck.proofs_checks.sae_polish import PolishInputs, PolishSettings, polish_report, polish_split, write_polished
+from dictcheck.solvers.devices import resolve_device
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
 from dictcheck.solvers.hull_distance import hull_candidate_distances
 from dictcheck.solvers.lam_search import lam_for_l0
@@ -66,6 +68,7 @@ from dictcheck.solvers.stream_diagnostics import (
     stream_diagnostics,
 )
 from dictcheck.theory.certificate import certified_gap
+from dictcheck.theory.scaling import LAMBDA_RANGE
 
 __all__ = ["ANTIPODAL_COSINE", "DENSE_FIRING", "SaeCheckSettings", "sae_report"]
 
@@ -115,22 +118,57 @@ class SaeCheckSettings:
     progress: bool = False
     latent_block: int | None = None
 
+    def __post_init__(self) -> None:
+        """Every field checked before any work (ValueError, one line, naming the field and its CLI flag: the
+        API and ``check-sae`` say the same thing)."""
+        if not (self.lam is None or self.lam == "auto"):
+            checked_lambda(self.lam, "lam (--lam)")
+        for name in ("hull_atoms", "hull_tokens", "polish_iters", "auto_tokens", "search_tokens"):
+            _count(getattr(self, name), name)
+        for name in ("batch_size", "polish_tokens", "latent_block"):
+            if getattr(self, name) is not None:
+                _count(getattr(self, name), name)
+        checked_range(self.polish_holdout, "polish_holdout (--polish-holdout)", 0.0, 1.0)
+        if self.polish_holdout == 1.0:
+            raise ValueError("polish_holdout (--polish-holdout) must be below 1 (1 holds every token out), got 1.0")
+        checked_range(self.tol, "tol (--tol)", *CODES_TOL_RANGE)
+        resolve_device(self.device, "device (--device)")
+
+
+def _count(value: Any, name: str) -> int:
+    """``value`` if it is an int ≥ 1 (ValueError naming the setting and its flag otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} (--{name.replace('_', '-')}) must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _folder_lam(value: float, where: str) -> float:
+    """A λ read from a folder, within :data:`dictcheck.theory.scaling.LAMBDA_RANGE` like every other λ
+    (ValueError naming ``where`` otherwise)."""
+    low, high = LAMBDA_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"the folder's λ = {value:g} ({where}) is outside the accepted range [{low:g}, {high:g}]; "
+                         "give --lam")
+    return value
+
 
 def _lam_from_folder(cfg: SaeConfig, arch: str) -> tuple[float | None, str]:
-    """The folder's λ of objective (1) and where it comes from, or (None, why not)."""
+    """The folder's λ of objective (1) and where it comes from, or (None, why not); ValueError for a λ outside
+    :data:`dictcheck.theory.scaling.LAMBDA_RANGE`."""
     if arch not in ("relu", "abs"):
         return None, f"a {arch} SAE is not trained on objective (1)"
     lam = cfg.dictcheck.get("lam")
     if isinstance(lam, (int, float)) and not isinstance(lam, bool) and lam > 0:
-        return float(lam), "metadata.dictcheck.lam"
+        return _folder_lam(float(lam), "metadata.dictcheck.lam"), "metadata.dictcheck.lam"
     details = cfg.metadata.get("training_architecture_details")
     if isinstance(details, dict) and isinstance(details.get("l1_coefficient"), (int, float)):
         if details.get("lp_norm", 1.0) != 1.0:
             return None, f"SAELens trained it with an l{details['lp_norm']} penalty, not objective (1)'s l1"
         c = float(details["l1_coefficient"])
         if c > 0:
-            return c / 2, (f"SAELens l1_coefficient c = {c:g}: its loss mean_t[‖x − x̂‖² + c·Σ_d z_d‖w_d‖] is "
-                           "objective (1) with unit atoms and 2λ = c")
+            return _folder_lam(c / 2, f"SAELens l1_coefficient c = {c:g}, λ = c/2"), (
+                f"SAELens l1_coefficient c = {c:g}: its loss mean_t[‖x − x̂‖² + c·Σ_d z_d‖w_d‖] is "
+                "objective (1) with unit atoms and 2λ = c")
     return None, "the folder records no λ (no metadata.dictcheck.lam, no SAELens l1_coefficient)"
 
 
@@ -174,12 +212,18 @@ def resolve_lam(directory: str, model: Featurizer, cfg: SaeConfig, src: RowSourc
 
 def _encoder_pass(model: Featurizer, x: NDArray) -> tuple[NDArray, NDArray, NDArray]:
     """(raw codes, unit-atom codes, output in the raw space) of the SAE on raw tokens x (B, D), computed in
-    the model's dtype as SAELens does, returned in float64."""
+    the model's dtype as SAELens does, returned in float64. ValueError when that dtype cannot hold the tokens or
+    the SAE's outputs on them (e.g. float32 beyond 3.4e38): the SAE itself cannot be run on such data."""
     dtype = model.W_dec.dtype
     with torch.no_grad():
         xt = torch.as_tensor(x, dtype=dtype)
         out = model(xt)
         z = out.codes
+        if not (bool(torch.isfinite(xt).all()) and bool(torch.isfinite(z).all())
+                and bool(torch.isfinite(out.x_hat).all())):
+            raise ValueError(f"the SAE computes in {dtype}, whose range its codes or output leave on these tokens "
+                             f"(|x| up to {float(np.max(np.abs(x))):.3g}): it cannot be run on them; rescale the data "
+                             "(objective (1) is homogeneous: λ scales with it)")
         return (z.double().numpy(), model.unit_codes(z).double().numpy(), out.x_hat.double().numpy())
 
 
@@ -298,6 +342,9 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     if src_all.dim != cfg.d_in:
         raise ValueError(f"data have D = {src_all.dim} columns but the SAE has d_in = {cfg.d_in}")
     N = src_all.n_rows
+    if s.polish and polish_split(N, s.polish_holdout, s.polish_tokens)[0].size == 0:
+        raise ValueError(f"polish_holdout (--polish-holdout) {s.polish_holdout:g} holds out every one of the "
+                         f"{N} tokens: none is left to polish on")
     first_token, last_token = _token_range(N, reduce)
     src = src_all.part(first_token, last_token)
 
@@ -306,7 +353,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
 
     W_dec = model.W_dec.detach().cpu().numpy()  # (d_sae, d_in) in the model's dtype, not copied
     try:
-        atoms = AtomRows.unit_rows_of(W_dec, s.device)
+        atoms = AtomRows.unit_rows_of(W_dec, resolve_device(s.device))
     except ValueError as exc:
         raise ValueError(f"{directory}: decoder rows: {exc}") from None
     if s.latent_block is not None:
@@ -405,7 +452,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
             inputs = PolishInputs(directory=str(directory), model=model, cfg=cfg, fmt=fmt, lam=lam,
                                   lam_source=lam_source, lam_details=lam_info, src=src_all, X_in=X_all, columns=columns,
                                   held_out=held_out)
-            block, fit = polish_report(inputs, max_sweeps=s.polish_iters, tol=s.tol, device=s.device, log=say)
+            block, fit = polish_report(inputs, max_sweeps=s.polish_iters, tol=s.tol, device=str(resolve_device(s.device)), log=say)
             if s.polish_out is not None:
                 write_polished(s.polish_out, inputs, block, fit, s.polish_fit, log=say)
                 block["folder"] = str(s.polish_out)

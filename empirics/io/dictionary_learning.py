@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dictcheck.empirics.architectures import architecture
+from dictcheck.empirics.io.safe_files import read_torch
 from dictcheck.empirics.io.sae_folder import new_sae_config, schema_of
 from dictcheck.empirics.io.saelens import (
     SaeConfig,
@@ -20,6 +21,7 @@ from dictcheck.empirics.io.saelens import (
     dtype_name,
     read_json,
 )
+from dictcheck.theory.scaling import MAX_ENTRY
 
 __all__ = ["load_dictionary_learning"]
 
@@ -43,36 +45,43 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
     if not isinstance(trainer, dict):
         raise SaeFormatError(f"{cfg_path}: missing field 'trainer'")
     cls_name = trainer.get("dict_class")
-    if cls_name not in _DL_CLASSES:
+    if not isinstance(cls_name, str) or cls_name not in _DL_CLASSES:
         raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {cls_name!r}; supported: {sorted(_DL_CLASSES)}")
     arch = _DL_CLASSES[cls_name]
-    if not w_path.is_file():
-        raise SaeFormatError(f"{w_path}: file is missing")
     try:
-        sd = torch.load(w_path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise SaeFormatError(f"{w_path}: unreadable torch state dict ({exc})") from None
+        sd = read_torch(w_path, "dictionary_learning weights")
+    except ValueError as exc:
+        raise SaeFormatError(str(exc)) from None
     if not isinstance(sd, Mapping):
         raise SaeFormatError(f"{w_path}: expected a state dict, got {type(sd).__name__}")
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str, ndim: int) -> torch.Tensor:
+        """Tensor ``name`` of the state dict, a floating-point tensor of ``ndim`` dimensions (SaeFormatError
+        otherwise): every entry is checked before it is used."""
         if name not in sd:
             raise SaeFormatError(f"{w_path}: tensor {name!r} is missing (dict_class {cls_name})")
-        return sd[name]
+        v = sd[name]
+        if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.ndim != ndim:
+            what = f"a {v.dtype} tensor of shape {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+            raise SaeFormatError(f"{w_path}: entry {name!r} must be a {ndim}-D floating-point tensor, got {what}")
+        return v
 
     arch_fields: dict[str, Any] = {"source": "dictionary_learning", "dict_class": cls_name}
     if arch == "jumprelu":
-        w = {n: get(n) for n in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
+        w = {n: get(n, 2 if n.startswith("W_") else 1) for n in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
     else:
-        enc, dec = get("encoder.weight"), get("decoder.weight")
+        enc, dec = get("encoder.weight", 2), get("decoder.weight", 2)
         w = {
             "W_enc": enc.T,
-            "b_enc": get("encoder.bias"),
+            "b_enc": get("encoder.bias", 1),
             "W_dec": dec.T,
-            "b_dec": get("bias") if arch == "relu" else get("b_dec"),
+            "b_dec": get("bias", 1) if arch == "relu" else get("b_dec", 1),
         }
         if arch == "batchtopk":  # saved as SAELens saves it: the scalar θ repeated as a JumpReLU threshold
-            theta = float(sd["threshold"]) if "threshold" in sd else 0.0
+            theta = float(get("threshold", 0)) if "threshold" in sd else 0.0
+            if not abs(theta) <= MAX_ENTRY:
+                raise SaeFormatError(f"{w_path}: entry 'threshold' is {theta!r}, not a finite number of magnitude at "
+                                     f"most {MAX_ENTRY:g}")
             arch_fields["threshold"] = theta if "threshold" in sd else None
             w["threshold"] = torch.full((enc.shape[0],), max(theta, 0.0), dtype=enc.dtype)
     d_in, d_sae = int(w["W_enc"].shape[0]), int(w["W_enc"].shape[-1])

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
-from dictcheck.proofs_checks.cli.inputs import finite_result, positive_lambda, scan_points_file
+from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, finite_result, scan_points_file
 from dictcheck.proofs_checks.cli.ranks import (
     failed_rank_line,
     launch_ranks,
@@ -25,6 +25,7 @@ from dictcheck.proofs_checks.cli.ranks import (
     user_error_line,
 )
 from dictcheck.proofs_checks.errors import UserError
+from dictcheck.solvers.devices import DEVICE_CHOICES
 
 #: What each violation measures, for readers of the report (docs/theory.md §6).
 SCALES = (
@@ -136,18 +137,24 @@ def _failure_line(rank: int, failure: Any) -> tuple[str, int]:
     return user if user is not None else (f"check-sae failed: {failed_rank_line(rank, failure, None)}", 1)
 
 
+def _settings(args: argparse.Namespace) -> Any:
+    """The check's settings from the options, every one checked by the rules the API applies
+    (:class:`~dictcheck.proofs_checks.sae_report.SaeCheckSettings`; UserError, one line)."""
+    from dictcheck.proofs_checks.sae_report import SaeCheckSettings
+
+    try:
+        return SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, latent_block=args.latent_block,
+                                hull=args.hull, hull_atoms=args.hull_atoms, hull_tokens=args.hull_tokens,
+                                polish=args.polish, polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
+                                polish_holdout=args.polish_holdout, tol=args.tol, device=args.device,
+                                progress=sys.stderr.isatty() and not args.json)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def _validate(args: argparse.Namespace) -> None:
     """The options and the data file, before any work (UserError, one line)."""
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.latent_block is not None and args.latent_block < 1:
-        raise UserError(f"--latent-block must be >= 1, got {args.latent_block}")
-    if min(args.polish_tokens or 1, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:
-        raise UserError("--polish-tokens, --polish-iters, --hull-atoms and --hull-tokens must be >= 1")
-    if not 0.0 <= args.polish_holdout < 1.0:
-        raise UserError(f"--polish-holdout must be in [0, 1), got {args.polish_holdout}")
-    if isinstance(args.lam, float):
-        positive_lambda(args.lam)
+    _settings(args)
     scan_points_file(args.data)  # an .npy file: format, dtype, shape, finite, magnitude (stores check themselves)
 
 
@@ -155,14 +162,11 @@ def _check_here(args: argparse.Namespace, reduce: Any) -> int:
     """The check in this process (alone, or as one rank of ``reduce``'s group: rank 0 prints); the report's
     modules load here, not when the parser is built."""
     from dictcheck.empirics.io.saelens import SaeFormatError
-    from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
+    from dictcheck.proofs_checks.sae_report import sae_report
     from dictcheck.solvers.reductions import LOCAL
 
-    _validate(args)
-    settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, latent_block=args.latent_block, hull=args.hull, hull_atoms=args.hull_atoms,
-                                hull_tokens=args.hull_tokens, polish=args.polish,
-                                polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
-                                polish_holdout=args.polish_holdout, device=args.device, progress=sys.stderr.isatty() and not args.json)
+    settings = _settings(args)
+    scan_points_file(args.data)  # an .npy file: format, dtype, shape, finite, magnitude (stores check themselves)
     main = reduce is None or reduce.rank == 0
     quiet = args.json or sys.stderr.isatty() or not main
     try:
@@ -208,7 +212,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    "4096; the encoder takes fewer at a time when d_sae is large)")
     p.add_argument("--latent-block", type=int, metavar="L", help="atoms per block of the screened products of tokens "
                    "with every atom (default: blocks of about 256 MiB)")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda for the streamed diagnostics and exact codes")
+    p.add_argument("--tol", type=float, default=1e-8, help="relative KKT tolerance of the exact codes, in "
+                   f"[{CODES_TOL_RANGE[0]:g}, {CODES_TOL_RANGE[1]:g}] (default 1e-8)")
+    p.add_argument("--device", default="cpu", help=f"{DEVICE_CHOICES} (default cpu): where the screened products of "
+                   "the exact codes and diagnostics run (the per-token solves run on the CPU)")
     p.add_argument("--nproc", type=int, default=1, metavar="P", help="split the tokens over P processes (gloo; "
                    "the report equals one process's); torchrun --nproc-per-node P -m dictcheck.proofs_checks.cli "
                    "check-sae ... works as well")

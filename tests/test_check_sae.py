@@ -296,3 +296,28 @@ def test_report_is_the_same_for_any_blocks(tmp_path_factory, batch, latent_block
             assert a == b, (path, a, b)
 
     same(ref, got)
+
+
+def test_a_request_that_cannot_fit_is_refused_before_any_work(tmp_path: Path, monkeypatch, capsys) -> None:
+    """check-sae estimates its memory from the shapes and refuses, exit 2 with one line giving the estimate and
+    the --batch-size / --latent-block that would fit (or that the tokens alone do not), before λ or any pass."""
+    from dictcheck.proofs_checks import sae_report as report_module
+    from dictcheck.proofs_checks.sae_budget import estimate_memory
+
+    rng = np.random.default_rng(0)
+    W = rng.normal(size=(64, 8))
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    folder = _save(tmp_path, "topk", W, np.zeros(8), 0.1, k=4)
+    np.save(tmp_path / "X.npy", rng.normal(size=(50, 8)))
+    need = estimate_memory(64, 8, 50, 8, False, 50, 50, 4, None).total
+    calls = []
+    monkeypatch.setattr(report_module, "resolve_lam", lambda *a, **k: calls.append(a))  # would be the first work
+    for available, hint in ((need - 1, "--latent-block"), (1 << 20, "alone take")):
+        monkeypatch.setattr(report_module, "available_memory", lambda available=available: available)
+        assert main(["check-sae", str(folder), "--data", str(tmp_path / "X.npy"), "--json"]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and len(out.err.strip().splitlines()) == 1, out.err
+        assert "check-sae needs about" in out.err and hint in out.err
+    assert calls == []
+    sizes = [estimate_memory(d, 2304, 20000, 4, True, 4096, 256, 32, None).total for d in (16384, 131072, 1 << 20)]
+    assert sizes == sorted(sizes) and sizes[1] < 16 * 2**30  # the 131 072-latent budget case fits in 16 GiB

@@ -44,7 +44,6 @@ from dictcheck.empirics.architectures.featurizer import Featurizer
 from dictcheck.empirics.metrics.reconstruction import StreamingMetrics
 from dictcheck.empirics.data.row_source import RowSource, open_rows
 from dictcheck.empirics.io.formats import load_any_sae
-from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
 from dictcheck.solvers.hull_distance import hull_candidate_distances
@@ -55,6 +54,7 @@ from dictcheck.solvers.new_atom_search import best_of_candidates, search_starts
 from dictcheck.solvers.polish import exact_code_objective, polish_dictionary
 from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics
 from dictcheck.theory.certificate import certified_gap
+from dictcheck.theory.objective import check_lam
 
 __all__ = ["ANTIPODAL_COSINE", "DENSE_FIRING", "SaeCheckSettings", "antipodal_pairs", "sae_report"]
 
@@ -109,24 +109,6 @@ def antipodal_pairs(W_dec: NDArray, threshold: float = ANTIPODAL_COSINE, block: 
         keep = lo + i < j
         pairs.extend([int(a), int(c)] for a, c in zip(lo + i[keep], j[keep]))
     return sorted(pairs)
-
-
-def _lam_from_folder(cfg: SaeConfig, arch: str) -> tuple[float | None, str]:
-    """The folder's λ of objective (1) and where it comes from, or (None, why not)."""
-    if arch not in ("relu", "abs"):
-        return None, f"a {arch} SAE is not trained on objective (1)"
-    lam = cfg.dictcheck.get("lam")
-    if isinstance(lam, (int, float)) and not isinstance(lam, bool) and lam > 0:
-        return float(lam), "metadata.dictcheck.lam"
-    details = cfg.metadata.get("training_architecture_details")
-    if isinstance(details, dict) and isinstance(details.get("l1_coefficient"), (int, float)):
-        if details.get("lp_norm", 1.0) != 1.0:
-            return None, f"SAELens trained it with an l{details['lp_norm']} penalty, not objective (1)'s l1"
-        c = float(details["l1_coefficient"])
-        if c > 0:
-            return c / 2, (f"SAELens l1_coefficient c = {c:g}: its loss mean_t[‖x − x̂‖² + c·Σ_d z_d‖w_d‖] is "
-                           "objective (1) with unit atoms and 2λ = c")
-    return None, "the folder records no λ (no metadata.dictcheck.lam, no SAELens l1_coefficient)"
 
 
 def _encoder_pass(model: Featurizer, x: NDArray) -> tuple[NDArray, NDArray, NDArray]:
@@ -304,10 +286,10 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     if isinstance(s.lam, (int, float)) and not isinstance(s.lam, bool):
         lam, lam_source = float(s.lam), "given"
     else:
-        folder_lam, why = _lam_from_folder(cfg, model.arch)
+        folder_lam, why = arch.lam_from_folder(cfg)
         if s.lam is None and folder_lam is not None:
             lam, lam_source, lam_info["note"] = folder_lam, "folder", why
-        elif s.lam is None and model.arch in ("relu", "abs"):
+        elif s.lam is None and arch.objective_1:
             raise ValueError(f"{directory}: {why}; give --lam (λ of objective (1)) or --lam auto")
         else:
             sample = src.sample(s.auto_tokens)
@@ -319,8 +301,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
             lam_info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(sample.shape[0]),
                         "bisection_steps": found.iterations, "lam_max": found.lam_max,
                         "note": "λ at which the exact codes' mean L0 equals the SAE's on an evenly spaced sample"}
-    if not (math.isfinite(lam) and lam > 0):
-        raise ValueError(f"λ must be a positive finite number, got {lam}")
+    lam = check_lam(lam, "λ")
     timings["lam"] = time.perf_counter() - t
     say(f"λ = {lam:.6g} ({lam_source})")
 

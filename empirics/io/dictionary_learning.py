@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dictcheck.empirics.architectures import architecture
+from dictcheck.empirics.architectures import REGISTRY, Architecture
 from dictcheck.empirics.io.sae_folder import new_sae_config, schema_of
 from dictcheck.empirics.io.saelens import (
     SaeConfig,
@@ -23,18 +23,16 @@ from dictcheck.empirics.io.saelens import (
 
 __all__ = ["load_dictionary_learning"]
 
-_DL_CLASSES = {"AutoEncoder": "relu", "AutoEncoderTopK": "topk", "BatchTopKSAE": "batchtopk", "JumpReluAutoEncoder": "jumprelu"}
+def _dl_classes() -> dict[str, Architecture]:
+    """``trainer.dict_class`` -> the registered architecture that reads it (its ``dl_class`` trait)."""
+    return {a.dl_class: a for a in REGISTRY.values() if a.dl_class is not None}
 
 
 def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
-    """Read a saprmarks/dictionary_learning folder (``ae.pt`` + ``config.json``).
-
-    Supported ``trainer.dict_class``: AutoEncoder (-> relu; its decoder bias is named ``bias``),
-    AutoEncoderTopK (-> topk), BatchTopKSAE (-> batchtopk; the scalar inference ``threshold`` becomes the
-    JumpReLU ``threshold`` tensor SAELens saves, and is kept in ``metadata.dictcheck.batchtopk.threshold``)
-    and JumpReluAutoEncoder (-> jumprelu, whose
-    tensors already use our names). encoder.weight [dict, act] -> W_enc = transpose;
-    decoder.weight [act, dict] -> W_dec = transpose. ``ae.pt`` is read with ``weights_only=True``.
+    """Read a saprmarks/dictionary_learning folder (``ae.pt`` + ``config.json``): ``trainer.dict_class`` names
+    the architecture (its ``dl_class``), whose :meth:`~Architecture.from_dictionary_learning` maps the state
+    dict's tensors to the saved names (e.g. encoder.weight [dict, act] -> W_enc = transpose; decoder.weight
+    [act, dict] -> W_dec = transpose). ``ae.pt`` is read with ``weights_only=True``.
     """
     directory = Path(directory)
     cfg_path, w_path = directory / "config.json", directory / "ae.pt"
@@ -43,9 +41,10 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
     if not isinstance(trainer, dict):
         raise SaeFormatError(f"{cfg_path}: missing field 'trainer'")
     cls_name = trainer.get("dict_class")
-    if cls_name not in _DL_CLASSES:
-        raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {cls_name!r}; supported: {sorted(_DL_CLASSES)}")
-    arch = _DL_CLASSES[cls_name]
+    classes = _dl_classes()
+    if cls_name not in classes:
+        raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {cls_name!r}; supported: {sorted(classes)}")
+    arch = classes[cls_name]
     if not w_path.is_file():
         raise SaeFormatError(f"{w_path}: file is missing")
     try:
@@ -54,37 +53,21 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
         raise SaeFormatError(f"{w_path}: unreadable torch state dict ({exc})") from None
     if not isinstance(sd, Mapping):
         raise SaeFormatError(f"{w_path}: expected a state dict, got {type(sd).__name__}")
-
-    def get(name: str) -> torch.Tensor:
-        if name not in sd:
-            raise SaeFormatError(f"{w_path}: tensor {name!r} is missing (dict_class {cls_name})")
-        return sd[name]
-
-    arch_fields: dict[str, Any] = {"source": "dictionary_learning", "dict_class": cls_name}
-    if arch == "jumprelu":
-        w = {n: get(n) for n in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
-    else:
-        enc, dec = get("encoder.weight"), get("decoder.weight")
-        w = {
-            "W_enc": enc.T,
-            "b_enc": get("encoder.bias"),
-            "W_dec": dec.T,
-            "b_dec": get("bias") if arch == "relu" else get("b_dec"),
-        }
-        if arch == "batchtopk":  # saved as SAELens saves it: the scalar θ repeated as a JumpReLU threshold
-            theta = float(sd["threshold"]) if "threshold" in sd else 0.0
-            arch_fields["threshold"] = theta if "threshold" in sd else None
-            w["threshold"] = torch.full((enc.shape[0],), max(theta, 0.0), dtype=enc.dtype)
+    try:
+        w, fields, cfg_fields = arch.from_dictionary_learning(sd)
+    except KeyError as exc:
+        raise SaeFormatError(f"{w_path}: tensor {exc.args[0]!r} is missing (dict_class {cls_name})") from None
+    arch_fields: dict[str, Any] = {"source": "dictionary_learning", "dict_class": cls_name, **fields}
     d_in, d_sae = int(w["W_enc"].shape[0]), int(w["W_enc"].shape[-1])
     for key, val in (("activation_dim", d_in), ("dict_size", d_sae)):
         if key in trainer and trainer[key] != val:
             raise SaeFormatError(f"{w_path}: tensor 'W_enc' implies {key}={val}, config.json says {trainer[key]}")
     k = trainer.get("k")
-    if architecture(arch).k_in_cfg and not isinstance(k, int):
+    if arch.k_in_cfg and not isinstance(k, int):
         kt = sd.get("k")
         k = int(kt) if isinstance(kt, torch.Tensor) and kt.numel() == 1 else None
     cfg = new_sae_config(
-        arch,
+        arch.name,
         d_in,
         d_sae,
         k=k,
@@ -92,6 +75,7 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
         lam=None,
         arch_fields=arch_fields,
         seed=trainer.get("seed"),
+        **cfg_fields,
     )
     weights = cast_weights(w, cfg)
     check_tensors(weights, cfg, schema_of(cfg), str(w_path))

@@ -43,7 +43,8 @@ from dictcheck.empirics.architectures import architecture
 from dictcheck.empirics.architectures.featurizer import Featurizer
 from dictcheck.empirics.metrics.reconstruction import StreamingMetrics
 from dictcheck.empirics.data.row_source import RowSource, open_rows
-from dictcheck.empirics.io.formats import load_any_sae
+from dictcheck.empirics.io.formats import load_any_sae, source_name
+from dictcheck.empirics.io.sae_folder import folder_names, training_architecture_of
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
 from dictcheck.solvers.hull_distance import hull_candidate_distances
@@ -251,9 +252,11 @@ def _polish_report(W: NDArray, b: NDArray, X: NDArray, lam: float, settings: Sae
     }
 
 
-def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = None,
+def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | None = None,
                log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Everything ``check-sae`` reports (module docstring): the JSON object of ``check-sae --json``.
+
+    ``directory``: an SAE folder, or an SAE object in memory (:func:`dictcheck.empirics.io.formats.load_any_sae`).
 
     ``data``: an (N, D) array, an ``.npy`` path or an activation store folder, one token per row.
     ValueError (one line; :class:`SaeFormatError` for the folder) for input it cannot check."""
@@ -262,6 +265,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     model, cfg, fmt = load_any_sae(directory)
+    directory = source_name(directory)
     arch = architecture(model.arch)
     if arch.family != "sae":
         raise ValueError(f"{directory}: check-sae checks linear SAEs; architecture {model.arch!r} is a {arch.family} "
@@ -286,10 +290,11 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     if isinstance(s.lam, (int, float)) and not isinstance(s.lam, bool):
         lam, lam_source = float(s.lam), "given"
     else:
-        folder_lam, why = arch.lam_from_folder(cfg)
+        trained = training_architecture_of(cfg)
+        folder_lam, why = trained.lam_from_folder(cfg)
         if s.lam is None and folder_lam is not None:
             lam, lam_source, lam_info["note"] = folder_lam, "folder", why
-        elif s.lam is None and arch.objective_1:
+        elif s.lam is None and trained.objective_1:
             raise ValueError(f"{directory}: {why}; give --lam (λ of objective (1)) or --lam auto")
         else:
             sample = src.sample(s.auto_tokens)
@@ -345,7 +350,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
         seconds=time.perf_counter() - t0))
     encoder_objective = first.encoder_objective_sum / N
     report.update(
-        arch=model.arch, format=fmt, d_in=cfg.d_in, d_sae=cfg.d_sae, n_tokens=N, data=src.name,
+        **folder_names(cfg, model.arch), format=fmt, d_in=cfg.d_in, d_sae=cfg.d_sae, n_tokens=N, data=src.name,
         lam=lam, lam_source=lam_source, lam_details=lam_info,
         l0_sae=first.l0_sae, l0_exact=first.codes.nnz / N,
         signed_codes=first.signed,

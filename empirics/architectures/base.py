@@ -139,6 +139,13 @@ class Architecture:
     signed_codes: ClassVar[bool] = False
     #: The saprmarks/dictionary_learning class (``trainer.dict_class``) read as this architecture, if any.
     dl_class: ClassVar[str | None] = None
+    #: SAELens' training architecture (``TrainingSAEConfig.architecture()``: the ``architecture`` of a folder
+    #: written by ``save_model``, ``metadata.training_architecture`` of either save method), if SAELens trains it.
+    saelens_training_name: ClassVar[str | None] = None
+    #: The top-level fields of SAELens' training config class that only affect training (the fields of
+    #: ``TrainingSAEConfig`` subclasses not in the inference config, docs/ecosystem.md §1): accepted in a
+    #: folder and reported, never used.
+    saelens_training_fields: ClassVar[frozenset[str]] = frozenset()
 
     # ------------------------------------------------------------------ options
     def default_lr(self, d_sae: int) -> float:
@@ -257,6 +264,17 @@ class Architecture:
         differ from the architecture's defaults) from the state dict of a :attr:`dl_class` module (KeyError
         naming a missing tensor)."""
         raise NotImplementedError(f"arch {self.name!r} reads no dictionary_learning folder")
+
+    def from_saelens_training(self, weights: dict[str, torch.Tensor], cfg: SaeConfig) -> dict[str, torch.Tensor]:
+        """The weights of a folder SAELens' ``save_model`` wrote (``architecture`` = :attr:`saelens_training_name`)
+        under the saved names of :meth:`weight_schema`, computed as ``save_inference_model`` would save them;
+        by default the same tensors."""
+        return weights
+
+    def prefix_widths(self, cfg: SaeConfig) -> tuple[int, ...] | None:
+        """The widths of the nested prefixes a folder of this (training) architecture holds, each a dictionary
+        of its own (e.g. Matryoshka SAEs), or None."""
+        return None
 
     def draw_options(self, draw: Any, st: Any, ctx: OptionsContext) -> dict[str, Any]:
         """Options drawn by hypothesis for the trained-model property tests (tests/trained_properties.py):

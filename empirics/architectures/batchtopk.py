@@ -183,13 +183,26 @@ class BatchTopK(TopK):
     saved_name = "jumprelu"
     reads_foreign = False
     dl_class = "BatchTopKSAE"
+    saelens_training_name = "batchtopk"
+    #: k only chooses the batch's entries in training: the saved model applies θ.
+    saelens_training_fields = frozenset({"decoder_init_norm", "use_sparse_activations", "aux_loss_coefficient",
+                                         "topk_threshold_lr"})
     objective = "mse with k·B active latents per batch (+ AuxK)"
-    cfg_fields = frozenset()
     Options = BatchTopKOptions
     Model = BatchTopKSAE
 
     def extra_schema(self, d_in: int, d_sae: int) -> Schema:
         return {"threshold": ((d_sae,), True)}
+
+    def from_saelens_training(self, weights: dict[str, Tensor], cfg: Any) -> dict[str, Tensor]:
+        """SAELens' training state holds the scalar ``topk_threshold`` (float64); ``save_inference_model``
+        saves it as the JumpReLU ``threshold`` tensor, θ repeated (in the SAE's dtype)."""
+        weights = dict(weights)
+        if "topk_threshold" in weights:
+            theta = weights.pop("topk_threshold")
+            weights["threshold"] = torch.full((cfg.d_sae,), float(theta.reshape(-1)[0]) if theta.numel() else 0.0,
+                                              dtype=weights["W_enc"].dtype)
+        return weights
 
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         return ("batchtopk keeps the top k·B/P activations of each rank's B/P tokens (not the top k·B of the "

@@ -99,6 +99,12 @@ class JumpReLU(LinearSAEArchitecture):
     saved_name = "jumprelu"
     reads_foreign = True
     dl_class = "JumpReluAutoEncoder"
+    saelens_training_name = "jumprelu"
+    saelens_training_fields = frozenset({
+        "decoder_init_norm", "jumprelu_init_threshold", "jumprelu_bandwidth", "jumprelu_sparsity_loss_mode",
+        "l0_coefficient", "l0_warm_up_steps", "pre_act_loss_coefficient", "jumprelu_tanh_scale",
+        "jumprelu_ste_to_input", "target_l0",
+    })
     objective = "mse + λ·L0 (straight-through threshold gradients)"
     Options = JumpReLUOptions
     Model = JumpReLUSAE

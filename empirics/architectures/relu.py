@@ -67,6 +67,8 @@ class Relu(LinearSAEArchitecture):
     saved_name = "standard"
     reads_foreign = True
     dl_class = "AutoEncoder"
+    saelens_training_name = "standard"
+    saelens_training_fields = frozenset({"decoder_init_norm", "l1_coefficient", "lp_norm", "l1_warm_up_steps"})
     objective = "objective (1): mse + 2λ‖z‖₁"
     objective_1 = True
     #: The Huber median is the wide-limit optimum's bias of objective (1) (docs/theory.md §4.2).

@@ -197,6 +197,8 @@ class TopK(LinearSAEArchitecture):
     saved_name = "topk"
     reads_foreign = True
     dl_class = "AutoEncoderTopK"
+    saelens_training_name = "topk"
+    saelens_training_fields = frozenset({"decoder_init_norm", "use_sparse_activations", "aux_loss_coefficient"})
     objective = "mse with k active latents per token (+ AuxK)"
     k_in_cfg = True
     cfg_fields = frozenset({"rescale_acts_by_decoder_norm"})

@@ -21,7 +21,7 @@ from dictcheck.empirics.io.saelens import (
     read_json,
 )
 
-__all__ = ["load_dictionary_learning"]
+__all__ = ["load_dictionary_learning", "from_dictionary_learning"]
 
 def _dl_classes() -> dict[str, Architecture]:
     """``trainer.dict_class`` -> the registered architecture that reads it (its ``dl_class`` trait)."""
@@ -40,11 +40,9 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
     trainer = raw.get("trainer") if isinstance(raw, dict) else None
     if not isinstance(trainer, dict):
         raise SaeFormatError(f"{cfg_path}: missing field 'trainer'")
-    cls_name = trainer.get("dict_class")
-    classes = _dl_classes()
-    if cls_name not in classes:
-        raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {cls_name!r}; supported: {sorted(classes)}")
-    arch = classes[cls_name]
+    if trainer.get("dict_class") not in _dl_classes():
+        raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {trainer.get('dict_class')!r}; supported: "
+                             f"{sorted(_dl_classes())}")
     if not w_path.is_file():
         raise SaeFormatError(f"{w_path}: file is missing")
     try:
@@ -53,6 +51,20 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
         raise SaeFormatError(f"{w_path}: unreadable torch state dict ({exc})") from None
     if not isinstance(sd, Mapping):
         raise SaeFormatError(f"{w_path}: expected a state dict, got {type(sd).__name__}")
+    return from_dictionary_learning(trainer, sd, source=str(w_path))
+
+
+def from_dictionary_learning(trainer: Mapping[str, Any], sd: Mapping[str, torch.Tensor], *,
+                             source: str) -> tuple[dict[str, torch.Tensor], SaeConfig]:
+    """A dictionary_learning module's state dict ``sd`` in dictcheck's layout; ``trainer`` holds its
+    ``dict_class`` (and, from a folder's config.json, ``activation_dim``, ``dict_size``, ``k``, ``seed``)."""
+    w_path = source
+    cls_name = trainer.get("dict_class")
+    classes = _dl_classes()
+    if cls_name not in classes:
+        raise SaeFormatError(f"{source}: unsupported dictionary_learning class {cls_name!r}; supported: "
+                             f"{sorted(classes)}")
+    arch = classes[cls_name]
     try:
         w, fields, cfg_fields = arch.from_dictionary_learning(sd)
     except KeyError as exc:

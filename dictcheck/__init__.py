@@ -10,6 +10,7 @@ Python entry points (data as (N, D) ROWS, like the CLI; details in :mod:`dictche
     dictcheck.exact_codes(W, X, lam)           # W (D, d_z), one atom per column
     dictcheck.check_dictionary(W, X, lam)      # local optimality conditions of a dictionary
     dictcheck.check_sae("sae_dir", X, lam)     # a trained SAE folder (SAELens layout)
+    dictcheck.polish("sae_dir", X, "polished") # the SAE at the nearest stationary point, as a folder
     model, cfg = dictcheck.load_sae("sae_dir")
     result = dictcheck.train(X, "topk", 256, {"k": 16}, steps=2000)
     dictcheck.run_checks(quick=True)           # the verification suite
@@ -25,12 +26,12 @@ import importlib
 from typing import Any
 
 __all__ = ["geometric_median", "huber_median", "wide_limit", "dnn", "exact_codes", "check_dictionary",
-           "check_sae", "load_sae", "train", "run_checks", "build_model", "TrainConfig", "architectures"]
+           "check_sae", "polish", "load_sae", "train", "run_checks", "build_model", "TrainConfig", "architectures"]
 
 _HOME = {
     **{name: "dictcheck.proofs_checks.api" for name in ("geometric_median", "huber_median", "wide_limit", "dnn",
                                                           "exact_codes", "check_dictionary", "check_sae",
-                                                          "load_sae", "train", "run_checks")},
+                                                          "polish", "load_sae", "train", "run_checks")},
     "build_model": "dictcheck.empirics.architectures",
     "TrainConfig": "dictcheck.empirics.training.loop",
 }

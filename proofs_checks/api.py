@@ -32,6 +32,7 @@ from dictcheck.proofs_checks.cli.inputs import (
 )
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.proofs_checks.runner import run_suite, select_checks
+from dictcheck.proofs_checks.sae_polish import PolishSettings, polish_sae
 from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
 from dictcheck.solvers.dictionary_check import check_dictionary as run_dictionary_check
 from dictcheck.solvers.dnn import solve_dnn
@@ -49,6 +50,7 @@ __all__ = [
     "exact_codes",
     "check_dictionary",
     "check_sae",
+    "polish",
     "load_sae",
     "train",
     "run_checks",
@@ -155,6 +157,18 @@ def check_sae(folder: str | os.PathLike[str] | Any, X: ArrayLike | str | os.Path
     data = rows(X) if not isinstance(X, (str, os.PathLike)) else X
     source = str(folder) if isinstance(folder, (str, os.PathLike)) else folder
     return sae_report(source, data, SaeCheckSettings(lam=lam if lam in (None, "auto") else _lam(lam), **settings))
+
+
+def polish(folder: str | os.PathLike[str], X: ArrayLike | str | os.PathLike[str], out: str | os.PathLike[str],
+           lam: float | str | None = None, *, resume: bool = False, **settings: Any) -> dict[str, Any]:
+    """``dictcheck polish``: the SAE folder polished to the nearest stationary point of objective (1) on tokens X
+    (an (N, D) array, an ``.npy`` path or an activation store folder), an encoder fitted to the polished decoder,
+    written to ``out`` as a folder of the input's format with ``polish.json``, whose contents are returned
+    (docs/theory.md §7.1). ``lam`` as in :func:`check_sae`; ``settings``: the fields of
+    :class:`dictcheck.proofs_checks.sae_polish.PolishSettings` (``sweeps``, ``holdout``, ``fit_steps``, ...)."""
+    data = rows(X) if not isinstance(X, (str, os.PathLike)) else X
+    return polish_sae(str(folder), data, out, PolishSettings(lam=lam if lam in (None, "auto") else _lam(lam),
+                                                               **settings), resume=resume)
 
 
 def load_sae(folder: str | os.PathLike[str] | Any) -> tuple[Featurizer, SaeConfig]:

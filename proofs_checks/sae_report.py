@@ -16,10 +16,11 @@ read a batch at a time (an ``.npy`` file memory-mapped, an activation store, or 
   and the exact gain of the new-atom candidates, found on a sample of the residuals (§3 S6).
 * the wide-limit optimum (Huber median of the points, §4.3) and the certified gap (§2.3).
 * optional: the four hull distances of §8 Q1 (``hull``: one QP per atom, for the atoms where (5) is violated
-  most, on a sample of the tokens), and ``polish``:
-  :func:`dictcheck.solvers.polish.polish_dictionary` from the decoder and ``b_dec`` to the nearest stationary
-  point on an evenly spaced sample of the tokens, with the per-atom cosines between the SAE's atoms and the
-  polished ones.
+  most, on a sample of the tokens), and ``polish`` (:mod:`dictcheck.proofs_checks.sae_polish`, shared with
+  ``dictcheck polish``): :func:`dictcheck.solvers.polish.polish_dictionary` from the decoder and ``b_dec`` to the
+  nearest stationary point on an evenly spaced sample of the tokens, objective (1) per sweep there and on held-out
+  tokens, the per-atom cosines between the SAE's atoms and the polished ones; with ``polish_out`` also the polished
+  SAE written as a folder.
 
 Objective (1) and the conditions are evaluated in the SAE's input space (after ``normalize_activations``;
 see :mod:`dictcheck.empirics.architectures.activation_normalisation` for the Decision). Memory: the codes (O(nnz)), a few
@@ -28,10 +29,9 @@ see :mod:`dictcheck.empirics.architectures.activation_normalisation` for the Dec
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,14 +45,15 @@ from dictcheck.empirics.metrics.reconstruction import StreamingMetrics
 from dictcheck.empirics.data.row_source import RowSource, open_rows
 from dictcheck.empirics.io.formats import load_any_sae, source_name
 from dictcheck.empirics.io.sae_folder import folder_names, training_architecture_of
+from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.proofs_checks.dictionary_report import summary
+from dictcheck.proofs_checks.sae_polish import PolishInputs, PolishSettings, polish_report, polish_split, write_polished
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
 from dictcheck.solvers.hull_distance import hull_candidate_distances
 from dictcheck.solvers.lam_search import lam_for_l0
-from dictcheck.solvers.lasso_codes import CodeSolver, exact_codes
+from dictcheck.solvers.lasso_codes import CodeSolver
 from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import best_of_candidates, search_starts
-from dictcheck.solvers.polish import exact_code_objective, polish_dictionary
 from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics
 from dictcheck.theory.certificate import certified_gap
 from dictcheck.theory.objective import check_lam
@@ -61,8 +62,6 @@ __all__ = ["ANTIPODAL_COSINE", "DENSE_FIRING", "SaeCheckSettings", "antipodal_pa
 
 ANTIPODAL_COSINE = -0.9
 DENSE_FIRING = 0.5
-#: Atoms listed as the ones that moved most under polishing.
-TOP_MOVERS = 10
 #: New-atom candidates (the best on the residual sample) whose gain is streamed over every token; an
 #: unrefined antipode start's gain over every token is its ``antipode_gain``, reported anyway.
 NEW_ATOM_CANDIDATES = 64
@@ -76,7 +75,10 @@ class SaeCheckSettings:
     ``hull``: the §8 Q1 distances for the ``hull_atoms`` atoms with the largest (5) violation on
     ``hull_tokens`` evenly spaced tokens;
     ``polish_tokens`` (None: all not held out) and ``polish_iters``: the sample and the sweep cap of ``polish``;
-    ``polish_holdout``: the fraction of tokens kept out of polishing to measure it on unseen data. ``tol``: relative
+    ``polish_holdout``: the fraction of tokens kept out of polishing to measure it on unseen data; ``polish_out``:
+    also write the polished SAE there (:func:`dictcheck.proofs_checks.sae_polish.write_polished`: the encoder fitted
+    with the decoder frozen, the folder in the input's format, ``polish.json``), the fit as ``polish_fit`` says
+    (:class:`~dictcheck.proofs_checks.sae_polish.PolishSettings`: steps, batch, lr, seed). ``tol``: relative
     KKT tolerance of the exact codes; ``warm_start``: start them from the encoder's supports (never changes
     the codes, only the time)."""
 
@@ -89,6 +91,8 @@ class SaeCheckSettings:
     polish_tokens: int | None = None
     polish_iters: int = 300
     polish_holdout: float = 0.2
+    polish_out: str | None = None
+    polish_fit: PolishSettings = field(default_factory=PolishSettings)
     auto_tokens: int = 4096
     search_tokens: int = 8192
     tol: float = 1e-8
@@ -110,6 +114,36 @@ def antipodal_pairs(W_dec: NDArray, threshold: float = ANTIPODAL_COSINE, block: 
         keep = lo + i < j
         pairs.extend([int(a), int(c)] for a, c in zip(lo + i[keep], j[keep]))
     return sorted(pairs)
+
+
+def resolve_lam(directory: str, model: Featurizer, cfg: SaeConfig, src: RowSource, lam: float | str | None,
+                solver: CodeSolver, *, auto_tokens: int = 4096, tol: float = 1e-8) -> tuple[float, str, dict[str, Any]]:
+    """(λ, its source, details) for ``check-sae``'s ``--lam`` (module docstring): a number is ``given``; None is the
+    folder's λ of an L1 SAE (``folder``), else ``auto``; ``"auto"``: the λ at which the exact codes of the unit atoms
+    of ``solver`` are as sparse as the SAE's own codes on ``auto_tokens`` evenly spaced tokens. ValueError for an L1
+    SAE without a λ and none given, and for a λ that is not a positive finite number."""
+    info: dict[str, Any] = {}
+    if isinstance(lam, (int, float)) and not isinstance(lam, bool):
+        value, source = float(lam), "given"
+    else:
+        trained = training_architecture_of(cfg)  # its objective and where its λ is recorded
+        folder_lam, why = trained.lam_from_folder(cfg)
+        if lam is None and folder_lam is not None:
+            value, source, info["note"] = folder_lam, "folder", why
+        elif lam is None and trained.trains_objective_1:
+            raise ValueError(f"{directory}: {why}; give --lam (λ of objective (1)) or --lam auto")
+        else:
+            sample = src.sample(auto_tokens)
+            z_raw = _encoder_pass(model, sample)[0]
+            x_in = model.input_normalisation.apply(torch.from_numpy(sample))[0].numpy().T
+            target = float(np.count_nonzero(z_raw)) / sample.shape[0]
+            b = model.b_dec.detach().double().numpy()
+            found = lam_for_l0(solver.W, x_in, b, target, tol=tol, solver=solver)
+            value, source = found.lam, "auto"
+            info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(sample.shape[0]),
+                    "bisection_steps": found.iterations, "lam_max": found.lam_max,
+                    "note": "λ at which the exact codes' mean L0 equals the SAE's on an evenly spaced sample"}
+    return check_lam(value, "λ"), source, info
 
 
 def _encoder_pass(model: Featurizer, x: NDArray) -> tuple[NDArray, NDArray, NDArray]:
@@ -194,64 +228,6 @@ def _bar(enabled: bool, total: int, desc: str) -> Any:
     return tqdm(total=total, unit="tok", unit_scale=True, desc=desc, dynamic_ncols=True)
 
 
-def _polish_split(N: int, holdout: float, n_polish: int | None) -> tuple[NDArray, NDArray]:
-    """(polishing tokens, held-out tokens): every token whose index falls in an evenly spaced ``holdout`` fraction
-    is held out; polishing uses ``n_polish`` evenly spaced tokens of the rest (all of them when None)."""
-    n_held = int(round(holdout * N)) if N > 1 else 0
-    held = np.unique(np.linspace(0, N - 1, n_held).round().astype(np.int64)) if n_held else np.zeros(0, np.int64)
-    rest = np.setdiff1d(np.arange(N), held)
-    if n_polish is not None and n_polish < rest.size:
-        rest = rest[np.unique(np.linspace(0, rest.size - 1, n_polish).round().astype(np.int64))]
-    return rest, held
-
-
-def _polish_report(W: NDArray, b: NDArray, X: NDArray, lam: float, settings: SaeCheckSettings,
-                   columns: NDArray, held_out: NDArray, log: Callable[[str], None]) -> dict[str, Any]:
-    """Polish from (W, b) on the tokens ``columns`` of X and compare (JSON ``polish``); one log line per sweep.
-    The tokens ``held_out`` (disjoint from ``columns``) measure objective (1) at exact codes before and after on
-    data polishing never saw: a drop there is a better dictionary, not one fitted to its sample."""
-    Xs = X[:, columns]
-
-    def on_sweep(sweep: int, objective: float, moved: float) -> None:
-        log(f"polish sweep {sweep}/{settings.polish_iters}: objective {objective:.6g}, largest atom move {moved:.2e}")
-
-    fit = polish_dictionary(W, b, Xs, lam, max_iter=settings.polish_iters, tol=min(settings.tol, 1e-10),
-                            on_sweep=on_sweep)
-    cos = np.sum(W * fit.W, axis=0)
-    after = stream_diagnostics(fit.W, fit.codes, fit.b, column_batches(Xs, batch_size_for(W.shape[1], Xs.shape[1])),
-                               lam, learned_bias=True, device=settings.device).diagnostics
-    start_codes = SparseCodes.from_matrix(exact_codes(W, Xs, b, lam, tol=settings.tol, sparse_output=True).Z)
-    live_start = start_codes.mass() > 0
-    live_end = fit.codes.mass() > 0
-    movers = np.argsort(cos, kind="stable")[:TOP_MOVERS]
-    held: dict[str, Any] | None = None
-    if held_out.size:
-        Xh, tol = X[:, held_out], min(settings.tol, 1e-10)
-        before, after_h = exact_code_objective(W, b, Xh, lam, tol), exact_code_objective(fit.W, fit.b, Xh, lam, tol)
-        held = {"n_tokens": int(held_out.size), "objective_before": before, "objective_after": after_h,
-                "objective_change_pct": 100.0 * (after_h - before) / before if before else 0.0}
-    return {
-        "n_tokens": int(Xs.shape[1]),
-        "objective_before": fit.objective_before,
-        "objective_after": fit.objective_after,
-        "objective_change_pct": 100.0 * (fit.objective_after - fit.objective_before) / fit.objective_before
-        if fit.objective_before else 0.0,
-        "atom_cosines": cos.tolist(),
-        "atom_cosine_quantiles": {q: float(np.quantile(cos, float(q))) for q in ("0.01", "0.1", "0.5")},
-        "moved_most": [{"atom": int(d), "cosine": float(cos[d])} for d in movers],
-        "died": [int(d) for d in np.flatnonzero(live_start & ~live_end)],
-        "born": [int(d) for d in np.flatnonzero(~live_start & live_end)],
-        "bias_shift_norm": float(np.linalg.norm(fit.b - b)),
-        "sweeps": fit.iterations,
-        "converged": fit.converged,
-        "stationary": after.stationary,
-        "failed_conditions": list(after.failed_checks),
-        "violations_after": {"kkt": after.kkt_violation, "stationarity": after.stationarity_violation,
-                             "hull": after.hull_violation, "bias_identity": after.bias_identity_violation},
-        "held_out": held,
-    }
-
-
 def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | None = None,
                log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Everything ``check-sae`` reports (module docstring): the JSON object of ``check-sae --json``.
@@ -286,27 +262,8 @@ def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | Non
     timings["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    lam_info: dict[str, Any] = {}
-    if isinstance(s.lam, (int, float)) and not isinstance(s.lam, bool):
-        lam, lam_source = float(s.lam), "given"
-    else:
-        trained = training_architecture_of(cfg)
-        folder_lam, why = trained.lam_from_folder(cfg)
-        if s.lam is None and folder_lam is not None:
-            lam, lam_source, lam_info["note"] = folder_lam, "folder", why
-        elif s.lam is None and trained.objective_1:
-            raise ValueError(f"{directory}: {why}; give --lam (λ of objective (1)) or --lam auto")
-        else:
-            sample = src.sample(s.auto_tokens)
-            z_raw = _encoder_pass(model, sample)[0]
-            x_in = model.input_normalisation.apply(torch.from_numpy(sample))[0].numpy().T
-            target = float(np.count_nonzero(z_raw)) / sample.shape[0]
-            found = lam_for_l0(W, x_in, b, target, tol=s.tol, solver=solver)
-            lam, lam_source = found.lam, "auto"
-            lam_info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(sample.shape[0]),
-                        "bisection_steps": found.iterations, "lam_max": found.lam_max,
-                        "note": "λ at which the exact codes' mean L0 equals the SAE's on an evenly spaced sample"}
-    lam = check_lam(lam, "λ")
+    lam, lam_source, lam_info = resolve_lam(directory, model, cfg, src, s.lam, solver, auto_tokens=s.auto_tokens,
+                                            tol=s.tol)
     timings["lam"] = time.perf_counter() - t
     say(f"λ = {lam:.6g} ({lam_source})")
 
@@ -365,9 +322,14 @@ def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | Non
     )
     if s.polish:
         t = time.perf_counter()
-        columns, held_out = _polish_split(N, s.polish_holdout, s.polish_tokens)
+        columns, held_out = polish_split(N, s.polish_holdout, s.polish_tokens)
         n_polish = int(columns.size)
-        report["polish"] = _polish_report(W, b, first.X_in, lam, s, columns, held_out, say)
+        inputs = PolishInputs(directory=str(directory), model=model, cfg=cfg, fmt=fmt, lam=lam, lam_source=lam_source,
+                              lam_details=lam_info, src=src, X_in=first.X_in, columns=columns, held_out=held_out)
+        report["polish"], fit = polish_report(inputs, max_sweeps=s.polish_iters, tol=s.tol, device=s.device, log=say)
+        if s.polish_out is not None:
+            write_polished(s.polish_out, inputs, report["polish"], fit, s.polish_fit, log=say)
+            report["polish"]["folder"] = str(s.polish_out)
         if n_polish < 4 * d_z:
             report["notes"].append(f"polishing used {n_polish} tokens for {d_z} atoms: with fewer than ~4 tokens per "
                                    "atom, atoms can specialise to single tokens, so the polished point overfits")

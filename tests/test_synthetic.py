@@ -101,6 +101,6 @@ def test_orthogonalisation_lowers_the_overlap_and_seeds_reproduce() -> None:
 def test_synthsaebench_spec() -> None:
     spec = synthsaebench_spec()
     assert (spec.n_features, spec.d, spec.correlation_rank) == (16384, 768, 25)
-    assert spec.hierarchy == HierarchySpec(roots=128, branching=4, depth=3, exclusive_fraction=1.0)
+    assert spec.hierarchy == HierarchySpec(roots=128, branching=4, depth=3, exclusive_fraction=1.0, compensate=True)
     assert spec.magnitude_std == FoldedNormal(0.5, 0.5) and spec.magnitude_mean == (5.0, 4.0)
     assert synthsaebench_spec(512, 64, correlation_rank=4).correlation_rank == 4

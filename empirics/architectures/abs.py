@@ -40,7 +40,7 @@ class Abs(LinearSAEArchitecture):
     name = "abs"
     saved_name = "dictcheck/abs"
     objective = "objective (1) with signed codes: mse + 2λ‖z‖₁"
-    objective_1 = True
+    trains_objective_1 = True
     signed_codes = True
     Options = LamOptions
     Model = AbsSAE

@@ -11,6 +11,10 @@ An architecture is a subclass of :class:`Architecture` registered with :func:`re
   :meth:`decoder_constraint_violation`, how far a model's decoder is from it (None for ``"none"``);
   ``b_dec_inits``: the centring rules the training loop may use (the first is the default;
   ``"none"``: no centring vector);
+* ``encoder_weights``: the parameters an encoder fitted to a frozen decoder trains
+  (:mod:`dictcheck.empirics.training.encoder_fit`; empty: it cannot be fitted), and ``trains_objective_1``:
+  whether its loss is objective (1) at its ``lam`` (docs/theory.md §1), so that a λ of (1) is its own sparsity
+  coefficient;
 * :meth:`default_lr`, a typed options dataclass ``Options`` (a subclass of :class:`ArchOptions`;
   defaults, CLI help and CLI type as field metadata, made with :func:`option`), its weight schema
   (:meth:`weight_schema`), its exactness under DDP (:meth:`ddp_inexactness`) and how to build it
@@ -132,9 +136,11 @@ class Architecture:
     cfg_fields: ClassVar[frozenset[str]] = frozenset()
     #: The objective its training minimises, in words (reports quote it).
     objective: ClassVar[str] = ""
-    #: Whether that objective is objective (1) itself at the encoder's codes (docs/theory.md §1), so that a
-    #: folder's λ is objective (1)'s and ``check-sae`` needs one (given or recorded).
-    objective_1: ClassVar[bool] = False
+    #: Its training loss is objective (1) at its option ``lam`` (docs/theory.md §1): a folder's λ is objective
+    #: (1)'s, and ``check-sae`` needs one (given or recorded).
+    trains_objective_1: ClassVar[bool] = False
+    #: Parameters an encoder fit with the decoder frozen trains (empty: none).
+    encoder_weights: ClassVar[tuple[str, ...]] = ()
     #: Whether its codes may be negative (docs/theory.md §4.5).
     signed_codes: ClassVar[bool] = False
     #: The saprmarks/dictionary_learning class (``trainer.dict_class``) read as this architecture, if any.
@@ -256,7 +262,7 @@ class Architecture:
 
     def lam_from_folder(self, cfg: SaeConfig) -> tuple[float | None, str]:
         """The λ of objective (1) a folder records and where it comes from, or (None, why not): none unless the
-        architecture is trained on objective (1) (:attr:`objective_1`)."""
+        architecture is trained on objective (1) (:attr:`trains_objective_1`)."""
         return None, f"a {self.name} SAE is not trained on objective (1)"
 
     def from_dictionary_learning(self, sd: Mapping[str, torch.Tensor]) -> ForeignWeights:

@@ -42,7 +42,8 @@ __all__ = ["Encoding", "LinearSAE", "LinearSAEOptions", "LamOptions", "LinearSAE
            "sae_default_lr", "make_sae"]
 
 #: Centring rules (docs/ecosystem.md §3 init): geometric median of the first batch by default.
-SAE_B_DEC_INITS = ("geometric_median", "mean", "zero")
+#: "keep" leaves the model's b_dec (a warm start).
+SAE_B_DEC_INITS = ("geometric_median", "mean", "zero", "keep")
 
 
 def sae_default_lr(d_sae: int) -> float:
@@ -303,6 +304,11 @@ class LinearSAEArchitecture(Architecture):
     @property
     def fields_key(self) -> str:  # type: ignore[override]
         return self.name
+
+    @property
+    def encoder_weights(self) -> tuple[str, ...]:  # type: ignore[override]
+        """W_enc and the encoder's per-latent parameters (an encoder fitted to a frozen decoder trains these)."""
+        return ("W_enc", *self.Model.ENCODER_BIASES)
 
     def default_lr(self, d_sae: int) -> float:
         return sae_default_lr(d_sae)

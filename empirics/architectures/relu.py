@@ -70,7 +70,7 @@ class Relu(LinearSAEArchitecture):
     saelens_training_name = "standard"
     saelens_training_fields = frozenset({"decoder_init_norm", "l1_coefficient", "lp_norm", "l1_warm_up_steps"})
     objective = "objective (1): mse + 2λ‖z‖₁"
-    objective_1 = True
+    trains_objective_1 = True
     #: The Huber median is the wide-limit optimum's bias of objective (1) (docs/theory.md §4.2).
     b_dec_inits = (SAE_B_DEC_INITS[0], "huber_median", *SAE_B_DEC_INITS[1:])
     Options = LamOptions

@@ -133,12 +133,14 @@ class SyntheticSpec:
 
 def synthsaebench_spec(n_features: int = 16384, d: int = 768, *, seed: int = 0, **changes: Any) -> SyntheticSpec:
     """SynthSAEBench-16k's configuration (SAELens' docs "SynthSAEBench"): Zipf α = 0.5, p_max 0.4, p_min 5e-4;
-    128 roots, branching 4, depth 3, every parent exclusive; correlation rank 25, scale 0.1; magnitude means
-    linear 5 → 4, standard deviations |N(0.5, 0.5²)|; at other sizes the roots scale with n_features
-    (n_features/128 of them). ``changes`` override fields."""
+    128 roots, branching 4, depth 3, every parent exclusive, probabilities compensated (true L0 ≈ 34.6; 13.5
+    without the compensation); correlation rank 25, scale 0.1; magnitude means linear 5 → 4, standard deviations
+    |N(0.5, 0.5²)|. At other sizes the roots scale with n_features (n_features/128 of them). ``changes`` override
+    fields."""
     spec = SyntheticSpec(
         n_features=n_features, d=d, firing=ZipfFiring(0.5, 0.4, 5e-4),
-        hierarchy=HierarchySpec(roots=max(1, n_features // 128), branching=4, depth=3, exclusive_fraction=1.0),
+        hierarchy=HierarchySpec(roots=max(1, n_features // 128), branching=4, depth=3, exclusive_fraction=1.0,
+                                compensate=True),
         correlation_rank=25, correlation_scale=0.1, magnitude_mean=(5.0, 4.0), magnitude_std=FoldedNormal(0.5, 0.5),
         bias_norm=1.0, seed=seed)
     return SyntheticSpec(**{**spec.__dict__, **changes})

@@ -23,7 +23,8 @@ What :func:`train` does, per the spec:
   renormalise); BSFs project blocks to unit Frobenius norm.
 * **Init.** SAE ``b_dec`` = geometric median of (up to 4096 rows of) the first batch by default;
   ``"huber_median"`` (relu only) uses the Huber-smoothed median with the model's λ (docs/theory.md
-  §4.3); ``"mean"`` and ``"zero"`` are also offered. BSFs centre by the mean by default, bilinear
+  §4.3); ``"mean"`` and ``"zero"`` are also offered, and ``"keep"`` leaves the model's own ``b_dec`` (a model
+  warm-started from a folder, e.g. an encoder fitted to a given decoder). BSFs centre by the mean by default, bilinear
   autoencoders have no centring vector (``"none"``). The loop sets it with
   :meth:`Featurizer.set_centring_` on a fresh run; the rest of the init is the architecture's ``build``.
 * **Batches** are drawn *with replacement* by ``torch.randint`` from a CPU ``torch.Generator``
@@ -136,7 +137,7 @@ __all__ = [
 #: Architectures trained here: every registered one, in registration order.
 ARCHS: tuple[str, ...] = tuple(REGISTRY)
 #: Every centring rule; each architecture allows a subset (``Architecture.b_dec_inits``).
-B_DEC_INITS: tuple[str, ...] = ("geometric_median", "huber_median", "mean", "zero", "none")
+B_DEC_INITS: tuple[str, ...] = ("geometric_median", "huber_median", "mean", "zero", "keep", "none")
 LOG_FILE = "train_log.jsonl"
 _MEDIAN_SAMPLE = 4096
 _T_DEAD_MAX = 10_000_000
@@ -337,8 +338,9 @@ def _wandb_run(cfg: TrainConfig, model: Featurizer, out: Path | None) -> Any:
 
 
 def _b_dec_init(cfg: TrainConfig, model: Featurizer, Xt: _Rows) -> torch.Tensor | None:
-    """b_dec from (up to 4096 rows of) the first batch: the rows step 0 will draw (None for "none")."""
-    if cfg.b_dec_init == "none":
+    """b_dec from (up to 4096 rows of) the first batch: the rows step 0 will draw (None for "none" and "keep":
+    the model's b_dec stays as it is)."""
+    if cfg.b_dec_init in ("none", "keep"):
         return None
     if cfg.b_dec_init == "zero":
         return torch.zeros(Xt.shape[1], dtype=Xt.dtype)

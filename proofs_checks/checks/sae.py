@@ -158,7 +158,7 @@ def _objective(arch: str, W: np.ndarray, Z: np.ndarray, b: np.ndarray, X: np.nda
     """The objective the arch trains, at the given codes: (1) for an architecture trained on it (signed codes:
     Σ|z|, §4.5); otherwise (jumprelu) the L0 objective of §5.5, (1/N) Σ_i ‖x_i − W z_i − b‖² + λ‖z_i‖₀."""
     a = architecture(arch)
-    if a.objective_1:
+    if a.trains_objective_1:
         return (sae_objective if a.signed_codes else unit_atom_objective)(W, Z, b, X, lam)
     R = X - b[:, None] - W @ Z
     return float((np.sum(R * R) + lam * np.count_nonzero(Z)) / X.shape[1])
@@ -167,7 +167,7 @@ def _objective(arch: str, W: np.ndarray, Z: np.ndarray, b: np.ndarray, X: np.nda
 def _reference(arch: str, toy) -> float:
     """The toy's optimum of the arch's objective: the Huber bound (7) (objective (1): relu; abs by §4.5) or the
     exact L0 optimum of §5.5 on the toy's own amplitudes (jumprelu)."""
-    if architecture(arch).objective_1:
+    if architecture(arch).trains_objective_1:
         return solve_wide_limit(toy.X, toy.lam).objective
     return l0_optimum(toy.ground_truth["s"], toy.lam).best.objective
 
@@ -641,7 +641,7 @@ def amortisation_rows(ctx: CheckContext, runs: dict[str, dict[str, Any]] = GAP_R
         else:
             gap = amortisation_gap(t.W, t.Z, None, t.b, X, lam)
             o_enc = unit_atom_objective(t.W, t.Z, t.b, X, lam)
-            note = "loss = objective (1)" if architecture(arch).objective_1 else "λ is descriptive for this arch (§7)"
+            note = "loss = objective (1)" if architecture(arch).trains_objective_1 else "λ is descriptive for this arch (§7)"
         rows.append({"arch": arch, "k": k, "gap": float(gap), "objective_encoder": o_enc,
                      "objective_exact": o_enc - gap, "relative_gap": float(gap / o_enc) if o_enc else None,
                      "l0_encoder": float(np.mean(np.sum(t.Z != 0, axis=0))), "note": note})

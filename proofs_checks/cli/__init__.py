@@ -1,4 +1,4 @@
-"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict``, ``check-sae``, ``train``,
+"""The ``dictcheck`` command line: ``run``, ``solve``, ``check-dict``, ``check-sae``, ``polish``, ``train``,
 ``inspect-bilinear``, ``activations``, ``bench-manifolds`` and ``eval-lm``.
 
 Every command accepts ``--json`` where it prints results. Every failure ends in exactly one line on
@@ -32,8 +32,8 @@ from dictcheck.proofs_checks.cli.inputs import NonFiniteResultError
 from dictcheck.proofs_checks.errors import UserError
 
 #: The commands, in help order; each is the module ``dictcheck.proofs_checks.cli.<name with _>``.
-COMMANDS = ("run", "solve", "check-dict", "check-sae", "train", "inspect-bilinear", "activations", "bench-manifolds",
-            "eval-lm")
+COMMANDS = ("run", "solve", "check-dict", "check-sae", "polish", "train", "inspect-bilinear", "activations",
+            "bench-manifolds", "eval-lm")
 DEBUG_ENV = "DICTCHECK_DEBUG"
 #: OSError numbers that are the environment's doing (a full or read-only disk, permissions): exit code 2.
 _ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,

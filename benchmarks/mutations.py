@@ -1,11 +1,13 @@
 """Plant small bugs in theory/ and solvers/ and show that the quick theorem tier catches each one.
 
-    python benchmarks/mutations.py                 # every mutation (about 15 runs of the quick tier)
+    python benchmarks/mutations.py                 # every mutation (about 55 runs of the quick tier)
     python benchmarks/mutations.py --only sign     # mutations whose name contains "sign"
     python benchmarks/mutations.py --json out.json
 
 Each mutation replaces one exact line fragment of one module (a constant, a sign, a 1% shift of an
-optimum, a diagnostic that returns zero) in a staged copy of the installed package
+optimum, a diagnostic that returns zero), or rebinds one public diagnostic function of theory/ to a wrapper
+that zeroes (*blind*) or halves (*scaled*) what it returns (:class:`Wrapped`), in a staged copy of the
+installed package
 (``STAGE/dictcheck/{theory,solvers,empirics,proofs_checks}``, imported first through PYTHONPATH), then runs
 ``dictcheck run --quick --kind theorem,invariant`` there in a fresh process. A mutation is **caught** when that
 run exits 1 (a theorem or invariant check failed or raised); the checks that failed are listed. The unmutated
@@ -40,6 +42,63 @@ class Mutation:
     new: str
     what: str
 
+
+@dataclass(frozen=True)
+class Wrapped:
+    """Rebind the module-level function ``function`` of ``path`` to a wrapper returning ``result``, an expression
+    of ``out`` (what the original returned). Callers in the module look the name up when they call it, and other
+    modules import it after the module ran, so every caller gets the wrapper."""
+
+    name: str
+    path: str
+    function: str
+    result: str
+    what: str
+
+    @property
+    def old(self) -> str:
+        return f"\ndef {self.function}("
+
+
+def _blind_and_scaled(path: str, function: str, *, blind: str = "0.0 * out", scaled: str | None = "0.5 * out",
+                      what: str) -> tuple[Wrapped, ...]:
+    """The two mutants of a diagnostic: its violations zero (blind) and halved (scaled)."""
+    stem = function.replace("_", "-")
+    out = [Wrapped(f"{stem}-blind", path, function, blind, f"{what} returns zero")]
+    if scaled is not None:
+        out.append(Wrapped(f"{stem}-scaled", path, function, scaled, f"{what} returns half its value"))
+    return tuple(out)
+
+
+_DIAG = "theory/diagnostics.py"
+_CERT = "theory/certificate.py"
+#: Every public diagnostic function of theory/ (docs/theory.md §3, §6; the certificate of §2.3), blind and scaled.
+DIAGNOSTIC_MUTATIONS = (
+    *_blind_and_scaled(_DIAG, "kkt_violations", what="the entrywise KKT-z violations"),
+    *_blind_and_scaled(_DIAG, "kkt_violation", what="the max KKT-z violation of Φ"),
+    *_blind_and_scaled(_DIAG, "stationarity_violations", what="S1 per atom"),
+    *_blind_and_scaled(_DIAG, "r2_violations", what="R2 per atom"),
+    *_blind_and_scaled(_DIAG, "bias_residual_mean_norm", what="‖R1‖/N"),
+    *_blind_and_scaled(_DIAG, "bias_identity", blind="BiasIdentity(out.off_mean, out.target, 0.0 * out.violation)",
+                       scaled="BiasIdentity(out.off_mean, out.target, 0.5 * out.violation)",
+                       what="identity (4)'s violation per atom"),
+    *_blind_and_scaled(_DIAG, "hull_identity_violations", what="identity (5) per atom"),
+    *_blind_and_scaled(_DIAG, "hull_prime_matrix", what="the right side of (5′)"),
+    *_blind_and_scaled(_DIAG, "hull_prime_violations", what="(5′) per pair"),
+    *_blind_and_scaled(_DIAG, "hull_prime_summands", what="the (5′) summands"),
+    *_blind_and_scaled(_DIAG, "hull_prime_min_summand", blind="max(out, 0.0)", what="the smallest (5′) summand"),
+    *_blind_and_scaled(_DIAG, "nested_pairs", blind="[]", scaled=None, what="the nested support pairs"),
+    *_blind_and_scaled(_DIAG, "nesting_cosine_defects", what="1 − c_dj of nested pairs"),
+    *_blind_and_scaled(_DIAG, "new_atom_codes", what="a new atom's codes (uᵀr − λ)₊"),
+    *_blind_and_scaled(_DIAG, "gain", what="gain(u)"),
+    *_blind_and_scaled(_DIAG, "antipode_gains", what="the antipode gains"),
+    *_blind_and_scaled(_DIAG, "firing_fractions", what="the firing fractions p_d"),
+    *_blind_and_scaled(_CERT, "certificate_matrix", what="the certificate G = λ11ᵀ − RᵀR/λ"),
+    *_blind_and_scaled(_CERT, "cert_ratio", what="max‖r_i‖/λ"),
+    *_blind_and_scaled(_CERT, "certificate_slack", what="⟨G, Q⟩/N"),
+    *_blind_and_scaled(_CERT, "certified_gap", blind="CertifiedGap(0.0 * out.gap_at_bias, 0.0 * out.bias_term)",
+                       scaled="CertifiedGap(0.5 * out.gap_at_bias, 0.5 * out.bias_term)", what="the certified gap"),
+)
 
 MUTATIONS = (
     Mutation("objective-constant", "theory/objective.py",
@@ -101,6 +160,9 @@ MUTATIONS = (
 )
 
 
+ALL_MUTATIONS = (*MUTATIONS, *DIAGNOSTIC_MUTATIONS)
+
+
 def stage(into: Path) -> Path:
     """A copy of the installed layout under ``into``: dictcheck/ with the four layers inside."""
     pkg = into / "dictcheck"
@@ -112,13 +174,18 @@ def stage(into: Path) -> Path:
     return pkg
 
 
-def apply(pkg: Path, m: Mutation) -> None:
+def apply(pkg: Path, m: Mutation | Wrapped) -> None:
     path = pkg / m.path
     text = path.read_text()
     if text.count(m.old) != 1:
         raise SystemExit(f"mutation {m.name}: the fragment occurs {text.count(m.old)} times in {m.path} (need 1); "
                          "the code moved, update the mutation")
-    path.write_text(text.replace(m.old, m.new))
+    if isinstance(m, Wrapped):
+        text += (f"\n\n_unmutated_{m.function} = {m.function}\n\n\ndef {m.function}(*args, **kwargs):\n"
+                 f"    out = _unmutated_{m.function}(*args, **kwargs)\n    return {m.result}\n")
+        path.write_text(text)
+    else:
+        path.write_text(text.replace(m.old, m.new))
 
 
 def run_tier(stage_root: Path, out: Path, only: str | None = None) -> dict:
@@ -144,7 +211,7 @@ def main() -> int:
     parser.add_argument("--only", help="run the mutations whose name contains this text")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if not args.only or args.only in m.name]
+    chosen = [m for m in ALL_MUTATIONS if not args.only or args.only in m.name]
     if not chosen:
         raise SystemExit(f"no mutation name contains {args.only!r}")
     rows = []
@@ -160,7 +227,7 @@ def main() -> int:
             result = run_tier(root, Path(tmp) / f"{m.name}-out")
             caught = result["exit"] == 1 and bool(result["failed"])
             rows.append({"mutation": m.name, "file": m.path, "what": m.what, "caught": caught, **result})
-            print(f"{m.name:<26} {'CAUGHT' if caught else 'MISSED'}  {result['seconds']:5.0f} s  "
+            print(f"{m.name:<34} {'CAUGHT' if caught else 'MISSED'}  {result['seconds']:5.0f} s  "
                   f"{', '.join(result['failed']) or result.get('stderr', '')}", flush=True)
             shutil.rmtree(root)
     ok = control["exit"] == 0 and all(r["caught"] for r in rows)

@@ -65,6 +65,33 @@ class Control:
                 "ok": bool(self.ok)}
 
 
+def negative_control(name: str, *, measured: float, threshold: float, what: str, reference: float | None = None,
+                     rtol: float = 1e-9) -> Control:
+    """A theorem or invariant check's negative control: its measurement at a perturbed point where the identity
+    breaks. It comes out as expected (``ok``) when the measured violation exceeds ``threshold`` (the measurement
+    sees the break) and, given the same quantity computed independently (``reference``: another implementation
+    or a brute-force formula), agrees with it to ``rtol`` (it measures the break right: a diagnostic that
+    returns zero, or a rescaled one, fails here)."""
+    agrees = reference is None or abs(measured - reference) <= rtol * max(abs(reference), 1e-300)
+    expected = f"{what} > {threshold:g}" + ("" if reference is None else
+                                             f", equal to its independent computation to {rtol:g} relative")
+    showed = f"{measured:.6g}" + ("" if reference is None else f" (independent: {reference:.6g})")
+    return Control(name=name, role="negative", expected=expected, showed=showed,
+                   ok=bool(measured > threshold and agrees))
+
+
+def must_pass_verdict(claim_holds: bool, controls: list[Control]) -> tuple[bool, str | None]:
+    """A theorem or invariant check's verdict and, when it fails for its controls, why: it passes only when the
+    claim holds, it has at least one negative control (docs/verdicts.md: a check that could not fail proves
+    nothing) and every control came out as expected."""
+    if not any(c.role == "negative" for c in controls):
+        return False, "No negative control: the measurement was never shown to fail where the identity breaks."
+    missed = [c.name for c in controls if not c.ok]
+    if missed:
+        return False, f"Control(s) not as expected: {', '.join(missed)} (the measurement cannot be trusted)."
+    return claim_holds, None
+
+
 def replication_verdict(claim_holds: bool, controls: list[Control]) -> str:
     """``inconclusive`` when any control or precondition failed (the experiment could not have shown the claim,
     or would have shown it where it is absent), else ``replicated`` or ``not replicated`` by the claim. A

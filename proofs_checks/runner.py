@@ -9,7 +9,10 @@ is refused with one line. A check that raises is recorded with status ``error`` 
 
 Every row records the check's ``kind``, ``source``, ``regime`` and ``tier`` (quick or full). Its ``status``
 is ``pass``, ``fail`` or ``error``; a replication's is ``pass`` (verdict ``replicated``), ``fail`` (``not
-replicated``) or ``inconclusive``, and its row also carries ``verdict`` and ``controls``. The run's verdict
+replicated``) or ``inconclusive``, and its row also carries ``verdict`` and ``controls``. A theorem or invariant
+check's row carries its ``controls`` too: it passes only when its claim holds, it has at least one negative
+control (its measurement at a perturbed point where the identity breaks) and every control came out as expected
+(:func:`dictcheck.proofs_checks.registry.must_pass_verdict`). The run's verdict
 ``passed`` (and the exit code of ``dictcheck run``, :func:`suite_passed`): every theorem and invariant
 check passed and no check raised; ``strict`` also requires every replication, hypothesis and descriptive
 check to pass.
@@ -35,6 +38,7 @@ from dictcheck.proofs_checks.registry import (
     CheckListing,
     list_checks,
     load_all_checks,
+    must_pass_verdict,
     replication_verdict,
 )
 from dictcheck.proofs_checks.report import write_json_atomic, write_report
@@ -44,19 +48,26 @@ def select_checks(quick: bool, only: str | None, kinds: str | None = None, *,
                   listing: bool = False) -> list[Check] | list[CheckListing]:
     """The registered checks grouped by kind (in :data:`KINDS` order), in id order within a kind, filtered by
     ``--quick``, ``--kind`` (comma-separated kinds) and the ``--only`` glob(s); with ``listing``, their
-    :class:`CheckListing` (no check module imported)."""
+    :class:`CheckListing` (no check module imported). Both filters are checked before the checks are imported
+    (UserError for a filter that names nothing)."""
+    wanted = None if kinds is None else {k.strip() for k in kinds.split(",") if k.strip()}
+    if wanted is not None:
+        if not wanted:
+            raise UserError(f"--kind {kinds!r} names no kind; the kinds are {', '.join(KINDS)}")
+        unknown = wanted - set(KINDS)
+        if unknown:
+            raise UserError(f"--kind {', '.join(sorted(unknown))} is not a kind; the kinds are {', '.join(KINDS)}")
+    patterns = None if only is None else [p.strip() for p in only.split(",") if p.strip()]
+    if patterns is not None and not patterns:
+        raise UserError(f"--only {only!r} names no check (give check ids or globs, comma-separated; "
+                        "see `dictcheck run --list`)")
     every = list_checks() if listing else load_all_checks().values()
     checks = sorted(every, key=lambda c: (KINDS.index(c.kind), c.id))
     if quick:
         checks = [c for c in checks if c.quick]
-    if kinds:
-        wanted = {k.strip() for k in kinds.split(",") if k.strip()}
-        unknown = wanted - set(KINDS)
-        if unknown:
-            raise UserError(f"--kind {', '.join(sorted(unknown))} is not a kind; the kinds are {', '.join(KINDS)}")
+    if wanted is not None:
         checks = [c for c in checks if c.kind in wanted]
-    if only:
-        patterns = [p.strip() for p in only.split(",") if p.strip()]
+    if patterns is not None:
         checks = [c for c in checks if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
     if not checks:
         raise UserError(f"no check matches --only {only!r} --kind {kinds!r}; see `dictcheck run --list`"
@@ -102,6 +113,11 @@ def run_check(check: Check, ctx: CheckContext) -> dict[str, Any]:
             tolerance_reason=outcome.tolerance_reason, details=outcome.details, figures=outcome.figures,
             finding=outcome.finding,
         )
+        if check.kind in MUST_PASS:
+            passed, why = must_pass_verdict(outcome.passed, outcome.controls)
+            record.update(status="pass" if passed else "fail", controls=[c.record() for c in outcome.controls])
+            if why:
+                record["finding"] = ((record["finding"] + " ") if record["finding"] else "") + why
         if check.kind == "replication":
             verdict = outcome.verdict or replication_verdict(outcome.passed, outcome.controls)
             record.update(status=_REPLICATION_STATUS[verdict], verdict=verdict,

@@ -46,8 +46,10 @@ from dictcheck.empirics.data.row_source import RowSource, open_rows
 from dictcheck.empirics.io.formats import load_any_sae, source_name
 from dictcheck.empirics.io.sae_folder import folder_names, training_architecture_of
 from dictcheck.empirics.io.saelens import SaeConfig
+from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, checked_lambda, checked_range
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.proofs_checks.sae_polish import PolishInputs, PolishSettings, polish_report, polish_split, write_polished
+from dictcheck.solvers.devices import resolve_device
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
 from dictcheck.solvers.hull_distance import hull_candidate_distances
 from dictcheck.solvers.lam_search import lam_for_l0
@@ -100,6 +102,29 @@ class SaeCheckSettings:
     device: str = "cpu"
     progress: bool = False
 
+    def __post_init__(self) -> None:
+        """Every field checked before any work (ValueError, one line, naming the field and its CLI flag: the
+        API and ``check-sae`` say the same thing)."""
+        if not (self.lam is None or self.lam == "auto"):
+            checked_lambda(self.lam, "lam (--lam)")
+        for name in ("hull_atoms", "hull_tokens", "polish_iters", "auto_tokens", "search_tokens"):
+            _count(getattr(self, name), name)
+        for name in ("batch_size", "polish_tokens"):
+            if getattr(self, name) is not None:
+                _count(getattr(self, name), name)
+        checked_range(self.polish_holdout, "polish_holdout (--polish-holdout)", 0.0, 1.0)
+        if self.polish_holdout == 1.0:
+            raise ValueError("polish_holdout (--polish-holdout) must be below 1 (1 holds every token out), got 1.0")
+        checked_range(self.tol, "tol (--tol)", *CODES_TOL_RANGE)
+        resolve_device(self.device, "device (--device)")
+
+
+def _count(value: Any, name: str) -> int:
+    """``value`` if it is an int ≥ 1 (ValueError naming the setting and its flag otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} (--{name.replace('_', '-')}) must be an int >= 1, got {value!r}")
+    return int(value)
+
 
 def antipodal_pairs(W_dec: NDArray, threshold: float = ANTIPODAL_COSINE, block: int = 2048) -> list[list[int]]:
     """Pairs [i, j], i < j, of decoder rows with cosine below ``threshold`` (rows in blocks: memory
@@ -148,12 +173,18 @@ def resolve_lam(directory: str, model: Featurizer, cfg: SaeConfig, src: RowSourc
 
 def _encoder_pass(model: Featurizer, x: NDArray) -> tuple[NDArray, NDArray, NDArray]:
     """(raw codes, unit-atom codes, output in the raw space) of the SAE on raw tokens x (B, D), computed in
-    the model's dtype as SAELens does, returned in float64."""
+    the model's dtype as SAELens does, returned in float64. ValueError when that dtype cannot hold the tokens or
+    the SAE's outputs on them (e.g. float32 beyond 3.4e38): the SAE itself cannot be run on such data."""
     dtype = model.W_dec.dtype
     with torch.no_grad():
         xt = torch.as_tensor(x, dtype=dtype)
         out = model(xt)
         z = out.codes
+        if not (bool(torch.isfinite(xt).all()) and bool(torch.isfinite(z).all())
+                and bool(torch.isfinite(out.x_hat).all())):
+            raise ValueError(f"the SAE computes in {dtype}, whose range its codes or output leave on these tokens "
+                             f"(|x| up to {float(np.max(np.abs(x))):.3g}): it cannot be run on them; rescale the data "
+                             "(objective (1) is homogeneous: λ scales with it)")
         return (z.double().numpy(), model.unit_codes(z).double().numpy(), out.x_hat.double().numpy())
 
 
@@ -249,6 +280,9 @@ def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | Non
     src = open_rows(data)
     if src.dim != cfg.d_in:
         raise ValueError(f"data have D = {src.dim} columns but the SAE has d_in = {cfg.d_in}")
+    if s.polish and polish_split(src.n_rows, s.polish_holdout, s.polish_tokens)[0].size == 0:
+        raise ValueError(f"polish_holdout (--polish-holdout) {s.polish_holdout:g} holds out every one of the "
+                         f"{src.n_rows} tokens: none is left to polish on")
     W_dec = model.W_dec.detach().double().numpy()
     norms = np.linalg.norm(W_dec, axis=1)
     if np.any(norms == 0):
@@ -258,7 +292,7 @@ def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | Non
     b = model.b_dec.detach().double().numpy()
     N, d_z = src.n_rows, W.shape[1]
     batch = s.batch_size or batch_size_for(d_z, N)
-    solver = CodeSolver(W, device=s.device)
+    solver = CodeSolver(W, device=resolve_device(s.device))
     timings["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -281,7 +315,7 @@ def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | Non
 
     t = time.perf_counter()
     streamed = stream_diagnostics(W, first.codes, b, column_batches(first.X_in, batch), lam, candidates=U,
-                                  device=s.device)
+                                  device=resolve_device(s.device))
     diag = streamed.diagnostics
     search = best_of_candidates(labels, U, streamed.candidate_gains, N)
     timings["diagnostics"] = time.perf_counter() - t
@@ -326,7 +360,7 @@ def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | Non
         n_polish = int(columns.size)
         inputs = PolishInputs(directory=str(directory), model=model, cfg=cfg, fmt=fmt, lam=lam, lam_source=lam_source,
                               lam_details=lam_info, src=src, X_in=first.X_in, columns=columns, held_out=held_out)
-        report["polish"], fit = polish_report(inputs, max_sweeps=s.polish_iters, tol=s.tol, device=s.device, log=say)
+        report["polish"], fit = polish_report(inputs, max_sweeps=s.polish_iters, tol=s.tol, device=str(resolve_device(s.device)), log=say)
         if s.polish_out is not None:
             write_polished(s.polish_out, inputs, report["polish"], fit, s.polish_fit, log=say)
             report["polish"]["folder"] = str(s.polish_out)

@@ -198,11 +198,100 @@ def _arrays(root: Path) -> None:
     (root / "store_no_shards" / "manifest.json").write_text(json.dumps({"format": "dictcheck-activations", "d": D}))
 
 
+def _npy_with_shape(path: Path, shape: str) -> None:
+    """A (3, 4) float64 .npy file whose header declares ``shape`` instead (the data are left as they are)."""
+    np.save(path, np.zeros((3, D)))
+    data = path.read_bytes()
+    head_len = int.from_bytes(data[8:10], "little")
+    head = data[10:10 + head_len].replace(f"(3, {D})".encode(), shape.encode())
+    head = head.rstrip(b"\n ")[: head_len - 1].ljust(head_len - 1) + b"\n"
+    path.write_bytes(data[:10] + head + data[10 + head_len:])
+
+
+def _store(folder: Path, shards: list[np.ndarray | None]) -> None:
+    """An activation store of float32 shards (``None``: the shard file is a FIFO), with a valid manifest."""
+    import hashlib
+
+    from dictcheck.empirics.data.activation_store import FORMAT, MANIFEST
+
+    folder.mkdir()
+    entries = []
+    for i, shard in enumerate(shards):
+        path = folder / f"shard_{i:05d}.npy"
+        if shard is None:
+            os.mkfifo(path)
+            entries.append({"file": path.name, "rows": 6, "sha256": "0" * 64})
+        else:
+            np.save(path, shard.astype(np.float32))
+            entries.append({"file": path.name, "rows": len(shard), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "d": D, "n_tokens": sum(e["rows"] for e in entries),
+                                               "shards": entries}))
+
+
+def _dictionary_learning(folder: Path, *, dict_class: object = "AutoEncoder", tensor: object = None,
+                         raw: bytes | None = None) -> None:
+    """A dictionary_learning folder (config.json + ae.pt) of an AutoEncoder with d_in 4, 6 latents; ``tensor``
+    replaces its encoder weight, ``raw`` the whole ae.pt."""
+    g = torch.Generator().manual_seed(0)
+    sd = {"encoder.weight": torch.randn(6, D, generator=g), "encoder.bias": torch.randn(6, generator=g),
+          "decoder.weight": torch.randn(D, 6, generator=g), "bias": torch.randn(D, generator=g)}
+    if tensor is not None:
+        sd["encoder.weight"] = tensor
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"trainer": {"dict_class": dict_class, "activation_dim": D,
+                                                                "dict_size": 6}}))
+    if raw is not None:
+        (folder / "ae.pt").write_bytes(raw)
+    else:
+        torch.save(sd, folder / "ae.pt")
+
+
+def _foreign_and_store_folders(root: Path) -> None:
+    """Foreign SAE folders with a bad field (dictionary_learning, sparsify, SAELens' λ), activation stores with a
+    FIFO or a NaN shard, .npy headers with a negative or overflowing shape, data beyond float32."""
+    import safetensors.torch
+
+    X = np.load(root / "data.npy")
+    _store(root / "store_fifo", [X[:6], None])
+    _store(root / "store_nan", [X[:6], np.where(np.eye(6, D) > 0, np.nan, X[6:])])
+    _dictionary_learning(root / "dl_class_list", dict_class=["AutoEncoder"])
+    _dictionary_learning(root / "dl_tensor_list", tensor=[[1.0, 2.0]])
+    _dictionary_learning(root / "dl_tensor_str", tensor="weights")
+    _dictionary_learning(root / "dl_tensor_int", tensor=torch.ones(6, D, dtype=torch.int64))
+    _dictionary_learning(root / "dl_pickle", raw=pickle.dumps({"encoder.weight": _Payload(str(root / "PAYLOAD_RAN"))}))
+    for name, edit in (("sae_lam_1e300", {"lam": 1e300}), ("sae_lam_1e-300", {"lam": 1e-300})):
+        shutil.copytree(root / "sae", root / name)
+        cfg = json.loads((root / name / "cfg.json").read_text())
+        cfg["metadata"]["dictcheck"].update(edit)
+        (root / name / "cfg.json").write_text(json.dumps(cfg))
+    shutil.copytree(root / "sae", root / "sae_l1_1e300")
+    cfg = json.loads((root / "sae_l1_1e300" / "cfg.json").read_text())
+    cfg["metadata"]["dictcheck"].pop("lam", None)
+    cfg["metadata"]["training_architecture_details"] = {"l1_coefficient": 1e300}
+    (root / "sae_l1_1e300" / "cfg.json").write_text(json.dumps(cfg))
+    shutil.copytree(root / "sae", root / "sae_dtype_list")
+    cfg = json.loads((root / "sae_dtype_list" / "cfg.json").read_text())
+    cfg["dtype"] = ["float32"]
+    (root / "sae_dtype_list" / "cfg.json").write_text(json.dumps(cfg))
+    (root / "sp_huge").mkdir()
+    g = torch.Generator().manual_seed(0)
+    safetensors.torch.save_file({"encoder.weight": torch.randn(6, D, generator=g, dtype=torch.float64) * 1e300,
+                                 "encoder.bias": torch.zeros(6, dtype=torch.float64),
+                                 "W_dec": torch.randn(6, D, generator=g, dtype=torch.float64),
+                                 "b_dec": torch.zeros(D, dtype=torch.float64)}, root / "sp_huge" / "sae.safetensors")
+    (root / "sp_huge" / "cfg.json").write_text(json.dumps({"num_latents": 6, "k": 2, "d_in": D}))
+    _npy_with_shape(root / "neg_shape.npy", f"(-3, {D})")
+    _npy_with_shape(root / "huge_shape.npy", f"(10000000000000000000000, {D})")
+    np.save(root / "beyond_float32.npy", X * 1e40)
+    np.save(root / "big_for_float32.npy", X * 1e20)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("hostile")
     _arrays(root)
     _sae_folders(root)
+    _foreign_and_store_folders(root)
     _checkpoint_variants(root, root / "data.npy")
     _local_model(root, "model_truncated", truncate=True)
     _local_model(root, "model_nan", nan=True)
@@ -312,6 +401,41 @@ def _cases() -> list[tuple[str, list[str]]]:
     add("train-batch-1e12", *TRAIN[:-2], "--batch-size", str(10**12), "--data", "{data.npy}", "--out", "{new_out}")
     if not torch.cuda.is_available():
         add("train-device-cuda", *TRAIN, "--data", "{data.npy}", "--device", "cuda", "--out", "{new_out}")
+    # issue 30: non-regular files in a store, every field of a foreign folder, the folder's λ, .npy shapes,
+    # devices, float options, settings that leave nothing to compute, data beyond the model's dtype
+    for store in ("store_fifo", "store_nan"):
+        add(f"check-sae-{store}", "check-sae", "{sae}", "--data", f"{{{store}}}", "--lam", "0.5", "--json")
+        add(f"train-{store}", *TRAIN, "--data", f"{{{store}}}", "--out", "{new_out}")
+    for folder in ("dl_class_list", "dl_tensor_list", "dl_tensor_str", "dl_tensor_int", "dl_pickle", "sae_lam_1e300",
+                   "sae_lam_1e-300", "sae_l1_1e300", "sae_dtype_list", "sp_huge"):
+        add(f"check-sae-folder-{folder}", "check-sae", f"{{{folder}}}", "--data", "{data.npy}", "--json")
+    for f in ("neg_shape.npy", "huge_shape.npy"):
+        add(f"check-dict-data-{f}", "check-dict", "--dict", "{W.npy}", "--data", f"{{{f}}}", "--lam", "0.5")
+        add(f"check-sae-data-{f}", "check-sae", "{sae}", "--data", f"{{{f}}}", "--lam", "0.5")
+        add(f"train-data-{f}", *TRAIN, "--data", f"{{{f}}}", "--out", "{new_out}")
+    for device in ("weird", "meta", ""):  # the rest of the device rule: test_one_device_rule_for_every_command
+        add(f"check-sae-device-{device or 'empty'}", "check-sae", "{sae}", "--data", "{data.npy}", "--lam", "0.5",
+            "--device", device)
+        add(f"train-device-{device or 'empty'}", *TRAIN, "--data", "{data.npy}", "--device", device, "--out",
+            "{new_out}")
+    for lr in ("1e300", "0", "nan"):
+        add(f"train-lr-{lr}", *TRAIN, "--data", "{data.npy}", "--lr", lr, "--out", "{new_out}")
+    for option, value in (("--aux-coef", "1e300"), ("--aux-coef", "nan"), ("--batchtopk-momentum", "2")):
+        add(f"train-batchtopk{option}-{value}", "train", "--arch", "batchtopk", "--k", "2", "--d-sae", "6", option,
+            value, "--steps", "2", "--batch-size", "4", "--data", "{data.npy}", "--out", "{new_out}")
+    add("train-bilinear-hoyer-1e300", "train", "--arch", "bilinear-quadratic", "--d-sae", "3", "--hoyer-coef",
+        "1e300", "--steps", "2", "--batch-size", "4", "--data", "{data.npy}", "--out", "{new_out}")
+    add("train-data-beyond-float32", *TRAIN, "--data", "{beyond_float32.npy}", "--out", "{new_out}")
+    add("train-data-squares-overflow-float32", *TRAIN, "--data", "{big_for_float32.npy}", "--out", "{new_out}")
+    add("check-sae-float32-sae-on-1e40-data", "check-sae", "{sae}", "--data", "{beyond_float32.npy}", "--lam", "auto",
+        "--json")
+    for flag, value in (("--polish-tokens", "0"), ("--polish-holdout", "0.999"), ("--polish-holdout", "1"),
+                        ("--hull-atoms", "0"), ("--batch-size", "0")):
+        add(f"check-sae{flag}-{value}", "check-sae", "{sae}", "--data", "{data.npy}", "--lam", "0.5", "--polish", "--hull",
+            flag, value)
+    add("run-only-empty", "run", "--quick", "--only", "", "--out", "{new_out}")
+    add("run-only-commas", "run", "--quick", "--only", " , ", "--out", "{new_out}")
+    add("run-kind-empty", "run", "--quick", "--kind", "", "--out", "{new_out}")
     add("eval-lm-context-1e5", *EVAL[:-1], "100000")
     add("eval-lm-tokens-1e12", *EVAL[:-3], str(10**12), "--context", "8")
     add("activations-context-1e5", *ACTS[:-1], "100000", "--out", "{new_out}")
@@ -368,3 +492,206 @@ def test_check_sae_on_degenerate_data_reports_without_the_variance_metrics(world
     report = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"non-finite {c} in the report"))
     assert "zero variance" in report["metrics"]["metrics_error"]
     assert _snapshot(world.root) == before
+
+
+def test_sigterm_ends_train_with_one_line_like_sigint(world: World, tmp_path: Path) -> None:
+    """SIGTERM (what `kill`, a scheduler or a container stop sends) unwinds like Ctrl-C: one line, exit 143,
+    the checkpoints written so far kept, and ``--resume`` continues from them."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "dictcheck.proofs_checks.cli", "train", "--arch", "relu", "--d-sae", "6", "--lam",
+            "0.1", "--steps", "10000000", "--batch-size", "4", "--checkpoint-every", "5", "--data", world["data.npy"],
+            "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 200
+    while not list((out / "checkpoints").glob("ckpt_*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert err.splitlines()[-1] == "dictcheck: terminated (SIGTERM)" and "Traceback" not in err
+    assert list((out / "checkpoints").glob("ckpt_*.pt")) and not (out / ".dictcheck.lock").exists()
+
+
+def test_an_interrupted_first_run_leaves_no_folder(world: World, tmp_path: Path) -> None:
+    """A run stopped before its first checkpoint (here by SIGTERM) removes what it created."""
+    import signal
+    import time
+
+    out = tmp_path / "a" / "run"
+    argv = [sys.executable, "-m", "dictcheck.proofs_checks.cli", "train", "--arch", "relu", "--d-sae", "6", "--lam",
+            "0.1", "--steps", "10000000", "--batch-size", "4", "--checkpoint-every", "0", "--log-every", "1",
+            "--data", world["data.npy"], "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 200
+    while not (out / "train_log.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 143 and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"batch_size": 0}, "batch_size (--batch-size) must be an int >= 1, got 0"),
+    ({"hull_atoms": 0}, "hull_atoms (--hull-atoms) must be an int >= 1, got 0"),
+    ({"polish_tokens": 0}, "polish_tokens (--polish-tokens) must be an int >= 1, got 0"),
+    ({"polish_holdout": 1.5}, "polish_holdout (--polish-holdout) must be a finite number in [0, 1], got 1.5"),
+    ({"device": "meta"}, "device (--device) must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'meta'"),
+    ({"tol": 0.5}, "tol (--tol) must be a finite number in [1e-15, 0.001], got 0.5"),
+])
+def test_the_api_refuses_what_the_cli_refuses_with_its_message(world: World, settings: dict, message: str) -> None:
+    import dictcheck
+
+    with pytest.raises(ValueError) as e:
+        dictcheck.check_sae(world["sae"], np.load(world["data.npy"]), 0.5, **settings)
+    assert str(e.value) == message
+
+
+def test_the_cli_says_what_the_api_says(world: World) -> None:
+    proc = subprocess.run([sys.executable, "-m", "dictcheck.proofs_checks.cli", "check-sae", world["sae"], "--data",
+                           world["data.npy"], "--lam", "0.5", "--hull-atoms", "0"], capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == EXIT_USER
+    assert proc.stderr == "dictcheck: error: hull_atoms (--hull-atoms) must be an int >= 1, got 0\n"
+
+
+@pytest.mark.parametrize("device", ["weird", "meta", "", "cpu:3", "mps", "cuda:99", 3, None]
+                         + ([] if torch.cuda.is_available() else ["cuda", "cuda:0"]))
+def test_one_device_rule_for_every_command(device: object) -> None:
+    """``check-sae``, ``train`` and the API take a device through one function and refuse the same values."""
+    from dictcheck.empirics.training.loop import TrainConfig
+    from dictcheck.proofs_checks.sae_report import SaeCheckSettings
+    from dictcheck.solvers.devices import resolve_device
+
+    with pytest.raises(ValueError) as e:
+        resolve_device(device, "device")
+    expected = str(e.value).removeprefix("device")
+    with pytest.raises(ValueError, match=None) as e_sae:
+        SaeCheckSettings(device=device)
+    with pytest.raises(ValueError) as e_train:
+        TrainConfig(device=device).validate()
+    assert str(e_sae.value).endswith(expected) and str(e_train.value).endswith(expected)
+    for lr in (0, -1, float("nan"), float("inf"), 11, 1e300, True):
+        with pytest.raises(ValueError, match="lr must be a number in"):
+            TrainConfig(lr=lr).validate()
+
+
+#: Values put into every field of a foreign folder's config and into every tensor of its weights.
+HOSTILE_VALUES = [None, True, -1, 0, 1e300, -1e300, 1e-300, "abc", "", [], [1, 2], {}, {"a": 1}, 10**30]
+HOSTILE_TENSORS = {"list": [1.0, 2.0], "string": "abc", "none": None, "dict": {"a": 1.0}, "scalar": torch.tensor(1.0),
+                   "int": lambda t: t.to(torch.int64), "3-d": lambda t: t.reshape(1, *t.shape), "empty": torch.zeros(0),
+                   "nan": lambda t: torch.full_like(t, float("nan")), "huge": lambda t: t.double() * 1e300}
+
+
+def _paths(d: dict, prefix: tuple = ()) -> list[tuple]:
+    """Every key path of a nested dict (the dicts themselves included)."""
+    out = []
+    for k, v in d.items():
+        out.append((*prefix, k))
+        if isinstance(v, dict):
+            out += _paths(v, (*prefix, k))
+    return out
+
+
+def _set(d: dict, path: tuple, value: object) -> dict:
+    import copy
+
+    d = copy.deepcopy(d)
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return d
+
+
+def _config_variants(root: Path, base: str, cfg_file: str, label: str,
+                     extra: list[tuple] = ()) -> list[tuple[str, Path, object]]:
+    """Copies of the folder ``root/base`` with one field of its ``cfg_file`` (any depth, plus ``extra`` paths)
+    set to each hostile value: (what, folder, the value)."""
+    cfg = json.loads((root / base / cfg_file).read_text())
+    variants = []
+    for path in [*_paths(cfg), *extra]:
+        for i, value in enumerate(HOSTILE_VALUES):
+            folder = root / f"{base}_cfg_{'.'.join(path)}_{i}"
+            shutil.copytree(root / base, folder)
+            (folder / cfg_file).write_text(json.dumps(_set(cfg, path, value)))
+            variants.append((f"{label} {'.'.join(path)} = {value!r}", folder, value))
+    return variants
+
+
+def _tensor_variants(root: Path, base: str, tensors: dict, save: Callable[[dict, Path], None],
+                     label: str) -> list[tuple[str, Path, object]]:
+    """Copies of ``root/base`` with one of its ``tensors`` replaced by each hostile value ``save`` can write (each
+    one is checked on tokens: its value is given as a number)."""
+    variants = []
+    for name in tensors:
+        for kind, value in HOSTILE_TENSORS.items():
+            folder = root / f"{base}_t_{name}_{kind}"
+            shutil.copytree(root / base, folder)
+            try:
+                save({**tensors, name: value(tensors[name].clone()) if callable(value) else value}, folder)
+            except (TypeError, ValueError, AttributeError):  # a format that cannot even hold this value
+                continue
+            variants.append((f"{label} tensor {name} = {kind}", folder, 1.0))
+    return variants
+
+
+def _foreign_variants(root: Path) -> list[tuple[str, Path, object]]:
+    """Folders of every format with one config field or one tensor replaced by a hostile value."""
+    import safetensors.torch
+
+    def save_dl(sd: dict, folder: Path) -> None:
+        torch.save(sd, folder / "ae.pt")
+
+    def save_sp(sd: dict, folder: Path) -> None:
+        safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, folder / "sae.safetensors")
+
+    return [*_config_variants(root, "dl_base", "config.json", "dictionary_learning"),
+            *_tensor_variants(root, "dl_base", torch.load(root / "dl_base" / "ae.pt", weights_only=True), save_dl,
+                              "dictionary_learning"),
+            *_config_variants(root, "sp_base", "cfg.json", "sparsify"),
+            *_tensor_variants(root, "sp_base", safetensors.torch.load_file(root / "sp_base" / "sae.safetensors"),
+                              save_sp, "sparsify"),
+            *_config_variants(root, "sae", "cfg.json", "SAELens", [("metadata", "training_architecture_details")])]
+
+
+def test_every_field_of_every_foreign_folder_is_validated_before_use(tmp_path: Path, world: World) -> None:
+    """Every config field and every tensor of a dictionary_learning, sparsify and SAELens folder replaced by a
+    hostile value (wrong type, out of range, non-finite, huge, empty): loading it, reading its λ and checking
+    it on a few tokens either works or raises one ValueError of one line (SaeFormatError for the folder),
+    with no warning; never another exception."""
+    import warnings
+
+    import dictcheck
+    from dictcheck.empirics.io.formats import load_any_sae
+
+    _dictionary_learning(tmp_path / "dl_base")
+    (tmp_path / "sp_base").mkdir()
+    g = torch.Generator().manual_seed(0)
+    import safetensors.torch
+
+    safetensors.torch.save_file({"encoder.weight": torch.randn(6, D, generator=g), "encoder.bias": torch.randn(6, generator=g),
+                                 "W_dec": torch.randn(6, D, generator=g), "b_dec": torch.randn(D, generator=g)},
+                                tmp_path / "sp_base" / "sae.safetensors")
+    (tmp_path / "sp_base" / "cfg.json").write_text(json.dumps({"expansion_factor": 2, "normalize_decoder": True,
+                                                                "num_latents": 6, "k": 2, "d_in": D}))
+    shutil.copytree(world["sae"], tmp_path / "sae")
+    X = np.load(world["data.npy"])[:6]
+    bad, loaded = [], 0
+    for what, folder, value in _foreign_variants(tmp_path):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                load_any_sae(folder)
+                loaded += 1
+                if isinstance(value, (int, float)) and not isinstance(value, bool):  # what arithmetic could trip on
+                    dictcheck.check_sae(folder, X, None if "SAELens" in what else 0.5)
+            except ValueError as exc:
+                if "\n" in str(exc).strip() or not str(exc):
+                    bad.append(f"{what}: a message of {len(str(exc).splitlines())} lines")
+            except Exception as exc:  # noqa: BLE001 — what the test is looking for
+                bad.append(f"{what}: {type(exc).__name__}: {str(exc)[:160]}")
+    assert not bad, "\n".join(bad[:40])
+    assert loaded > 0

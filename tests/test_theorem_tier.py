@@ -22,3 +22,5 @@ def test_the_tier_is_not_empty() -> None:
 def test_theorem_and_invariant_checks_pass(check, tmp_path: Path) -> None:
     record = run_check(check, CheckContext(out_dir=tmp_path, seed=0, quick=True))
     assert record["status"] == "pass", (record.get("error") or record.get("finding") or record["measured"])
+    negative = [c for c in record["controls"] if c["role"] == "negative"]
+    assert negative and all(c["ok"] for c in record["controls"]), record["controls"]

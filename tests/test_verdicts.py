@@ -98,6 +98,31 @@ def test_a_replication_without_controls_is_inconclusive(tmp_path: Path, monkeypa
     assert "No controls declared" in row["finding"] and row["controls"] == []
 
 
+@pytest.mark.parametrize(("controls", "status", "why"), [
+    ([NEG_OK], "pass", None),
+    ([], "fail", "No negative control"),
+    ([POS_OK], "fail", "No negative control"),
+    ([NEG_OK, Control("sees the break", "negative", "v > 1e-3", "v 0", False)], "fail", "sees the break"),
+])
+def test_a_theorem_passes_only_with_a_negative_control_that_came_out(
+        controls: list[Control], status: str, why: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _plant(monkeypatch, "zz.theorem", "theorem", Outcome(measured=0.0, tolerance=1e-8, tolerance_reason="planted",
+                                                         passed=True, controls=controls))
+    code, summary = _run(["--only", "zz.theorem", "--out", str(tmp_path)], capsys)
+    row = summary["results"][0]
+    assert row["status"] == status and code == (0 if status == "pass" else 1)
+    assert [c["name"] for c in row["controls"]] == [c.name for c in controls]
+    assert (row["finding"] is None) if why is None else (why in row["finding"])
+
+
+def test_negative_control_needs_the_break_and_the_independent_value() -> None:
+    assert registry.negative_control("c", measured=0.5, threshold=1e-3, what="v", reference=0.5).ok
+    assert not registry.negative_control("c", measured=0.0, threshold=1e-3, what="v", reference=0.5).ok  # blind
+    assert not registry.negative_control("c", measured=0.25, threshold=1e-3, what="v", reference=0.5).ok  # scaled
+    assert not registry.negative_control("c", measured=1e-4, threshold=1e-3, what="v").ok
+
+
 def test_kind_filter_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--list", "--quick", "--kind", "invariant"]) == 0
     listed = capsys.readouterr().out

@@ -19,7 +19,14 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["canonical_scale"]
+__all__ = ["MAX_ENTRY", "LAMBDA_RANGE", "canonical_scale"]
+
+#: Largest magnitude accepted for an entry of data, a dictionary, a bias or an SAE's weights.
+MAX_ENTRY = 1e50
+#: The accepted range of λ (inclusive), from the CLI, the API or an SAE folder. With |x| ≤ 1e50 and λ in
+#: this range, any product or quotient of two or three of them, squared norms summed over any number of
+#: points, and λ² stay far inside float64 (max 1.8e308, smallest normal 2.2e-308).
+LAMBDA_RANGE = (1e-50, 1e50)
 
 
 def canonical_scale(value: float) -> float:

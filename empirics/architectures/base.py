@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from dictcheck.theory.scaling import MAX_ENTRY
+
 if TYPE_CHECKING:  # this module stays torch-free: the registry and the CLI's parsers read it
     import torch
 
@@ -87,11 +89,13 @@ def require_int(name: str, value: Any, low: int, high: int | None = None, *, wha
     return int(value)
 
 
-def require_real(name: str, value: Any, *, positive: bool = False) -> float:
-    """``value`` as a finite float, ≥ 0 (> 0 when ``positive``); ValueError naming ``name`` otherwise."""
+def require_real(name: str, value: Any, *, positive: bool = False, high: float = MAX_ENTRY) -> float:
+    """``value`` as a float in [0, high] ((0, high] when ``positive``); ValueError naming ``name`` otherwise. The
+    default bound :data:`dictcheck.theory.scaling.MAX_ENTRY` keeps every product of an option with data or
+    weights (themselves at most that large) inside float64."""
     ok = isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, got {value!r}")
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0) or value > high:
+        raise ValueError(f"{name} must be a finite number in {'(' if positive else '['}0, {high:g}], got {value!r}")
     return float(value)
 
 

@@ -215,7 +215,11 @@ class BatchTopK(TopK):
         """BatchTopKSAE: TopK's names, and its scalar inference ``threshold`` saved as SAELens saves it (θ
         repeated as a JumpReLU threshold) and kept in ``metadata.dictcheck.batchtopk.threshold``."""
         weights, _, cfg = super().from_dictionary_learning(sd)
-        theta = float(sd["threshold"]) if "threshold" in sd else None
+        theta = None
+        if "threshold" in sd:
+            if sd["threshold"].numel() != 1:
+                raise ValueError(f"entry 'threshold' must be one number, got shape {list(sd['threshold'].shape)}")
+            theta = float(sd["threshold"].reshape(-1)[0])
         weights["threshold"] = torch.full((weights["W_enc"].shape[1],), max(theta or 0.0, 0.0),
                                           dtype=weights["W_enc"].dtype)
         return weights, {"threshold": theta}, cfg

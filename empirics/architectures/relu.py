@@ -19,6 +19,7 @@ from dictcheck.empirics.architectures.linear_sae import (
     LinearSAEArchitecture,
 )
 from dictcheck.empirics.io.saelens import SaeConfig
+from dictcheck.theory.scaling import LAMBDA_RANGE
 
 __all__ = ["ReluSAE", "Relu", "l1_lam_from_folder"]
 
@@ -41,21 +42,33 @@ class ReluSAE(LinearSAE):
         return 2.0 * self.lam * enc.z.abs().sum() / n_tokens
 
 
+def _folder_lam(value: float, where: str) -> float:
+    """A λ read from a folder, within :data:`dictcheck.theory.scaling.LAMBDA_RANGE` like every other λ
+    (ValueError naming ``where`` otherwise)."""
+    low, high = LAMBDA_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"the folder's λ = {value:g} ({where}) is outside the accepted range [{low:g}, {high:g}]; "
+                         "give --lam")
+    return value
+
+
 def l1_lam_from_folder(cfg: SaeConfig) -> tuple[float | None, str]:
     """The λ of objective (1) a folder of an L1-trained SAE records, and where: ``metadata.dictcheck.lam``,
     else SAELens' ``l1_coefficient`` c (its loss mean_t[‖x − x̂‖² + c·Σ_d z_d‖w_d‖] is objective (1) with unit
-    atoms and 2λ = c), else (None, why not)."""
+    atoms and 2λ = c), else (None, why not); ValueError for a λ outside
+    :data:`dictcheck.theory.scaling.LAMBDA_RANGE`."""
     lam = cfg.dictcheck.get("lam")
     if isinstance(lam, (int, float)) and not isinstance(lam, bool) and lam > 0:
-        return float(lam), "metadata.dictcheck.lam"
+        return _folder_lam(float(lam), "metadata.dictcheck.lam"), "metadata.dictcheck.lam"
     details = cfg.metadata.get("training_architecture_details")
     if isinstance(details, dict) and isinstance(details.get("l1_coefficient"), (int, float)):
         if details.get("lp_norm", 1.0) != 1.0:
             return None, f"SAELens trained it with an l{details['lp_norm']} penalty, not objective (1)'s l1"
         c = float(details["l1_coefficient"])
         if c > 0:
-            return c / 2, (f"SAELens l1_coefficient c = {c:g}: its loss mean_t[‖x − x̂‖² + c·Σ_d z_d‖w_d‖] is "
-                           "objective (1) with unit atoms and 2λ = c")
+            return _folder_lam(c / 2, f"SAELens l1_coefficient c = {c:g}, λ = c/2"), (
+                f"SAELens l1_coefficient c = {c:g}: its loss mean_t[‖x − x̂‖² + c·Σ_d z_d‖w_d‖] is "
+                "objective (1) with unit atoms and 2λ = c")
     return None, "the folder records no λ (no metadata.dictcheck.lam, no SAELens l1_coefficient)"
 
 

@@ -55,6 +55,7 @@ from dictcheck.empirics.io.safe_files import (
     folder_lock,
 )
 from dictcheck.empirics.io.safe_files import read_json as safe_read_json
+from dictcheck.empirics.io.safe_files import read_npy
 from dictcheck.empirics.io.saelens import dictcheck_version
 
 FORMAT = "dictcheck-activations"
@@ -155,10 +156,11 @@ class ActivationStore:
 
 
 def _load_shard(path: Path, rows: int, d: int) -> np.ndarray | None:
-    """The memory-mapped shard if it is complete (float32, shape (rows, d), full file), else None."""
+    """The memory-mapped shard if it is complete (a regular file: never a FIFO or a device, which would block
+    or never end; float32, shape (rows, d), full file), else None."""
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError):
+        arr = read_npy(path, "activation shard")
+    except ValueError:
         return None
     if arr.dtype != np.float32 or arr.shape != (rows, d) or arr.offset + arr.nbytes != path.stat().st_size:
         return None
@@ -186,7 +188,9 @@ def open_activations(path: str | Path, *, verify: bool = True) -> ActivationStor
         file = directory / entry["file"]
         arr = _load_shard(file, entry["rows"], manifest["d"])
         if arr is None:
-            raise ValueError(f"activation shard {file} is missing or not float32 of shape ({entry['rows']}, {manifest['d']})")
+            kind = "" if file.is_file() or not file.exists() else " (not a regular file: a FIFO, device or folder)"
+            raise ValueError(f"activation shard {file} is missing or not float32 of shape ({entry['rows']}, "
+                             f"{manifest['d']}){kind}")
         if verify and sha256_file(file) != entry["sha256"]:
             raise ValueError(f"activation shard {file} does not match the sha256 in {MANIFEST}")
         shards.append(arr)
@@ -309,8 +313,11 @@ def _shard_bounds(n_tokens: int, shard_tokens: int) -> Iterator[tuple[int, int, 
 
 def _recorded_sha256(shard: Path) -> str | None:
     """The SHA-256 recorded beside ``shard`` when it was written (None when absent or malformed)."""
+    sidecar = shard.with_name(shard.name + SHA_SUFFIX)
+    if not sidecar.is_file():  # absent, or a FIFO or device that reading would block on
+        return None
     try:
-        text = shard.with_name(shard.name + SHA_SUFFIX).read_text().strip()
+        text = sidecar.read_text().strip()
     except (OSError, UnicodeDecodeError):
         return None
     return text if _SHA256.match(text) else None

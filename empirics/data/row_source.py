@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from dictcheck.empirics.io.safe_files import read_npy
+
 __all__ = ["RowSource", "open_rows"]
 
 
@@ -65,13 +67,8 @@ def open_rows(data: str | os.PathLike[str] | NDArray) -> RowSource:
 
         store = open_activations(path)
         return RowSource(store, int(store.shape[0]), int(store.shape[1]), str(path))
-    if not path.is_file():
-        raise ValueError(f"data not found: {path}")
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise ValueError(f"data file {path} is not a readable .npy array ({exc})") from None
-    if not isinstance(array, np.ndarray) or array.ndim != 2 or 0 in array.shape or array.dtype.kind not in "biuf":
+    array = read_npy(path, "data file")  # a regular file holding a plain .npy array of real numbers
+    if array.ndim != 2 or 0 in array.shape:
         raise ValueError(f"data file {path} must hold a real (N, D) array, one token per row, got "
-                         f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
+                         f"{array.dtype} {array.shape}")
     return RowSource(array, int(array.shape[0]), int(array.shape[1]), str(path))

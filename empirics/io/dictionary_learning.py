@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dictcheck.empirics.architectures import REGISTRY, Architecture
+from dictcheck.empirics.io.safe_files import read_torch
 from dictcheck.empirics.io.sae_folder import new_sae_config, schema_of
 from dictcheck.empirics.io.saelens import (
     SaeConfig,
@@ -28,6 +29,29 @@ def _dl_classes() -> dict[str, Architecture]:
     return {a.dl_class: a for a in REGISTRY.values() if a.dl_class is not None}
 
 
+class _CheckedState(Mapping[str, torch.Tensor]):
+    """A state dict whose entries are checked when an architecture reads them: each must be a floating-point
+    tensor of at most 2 dimensions (SaeFormatError naming it otherwise); shapes and values are checked against
+    the architecture's schema after conversion."""
+
+    def __init__(self, sd: Mapping[str, Any], source: str, cls_name: str) -> None:
+        self._sd, self._source, self._cls = sd, source, cls_name
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        v = self._sd[name]
+        if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.ndim > 2:
+            what = f"a {v.dtype} tensor of shape {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+            raise SaeFormatError(f"{self._source}: entry {name!r} must be a floating-point tensor of at most 2 "
+                                 f"dimensions (dict_class {self._cls}), got {what}")
+        return v
+
+    def __iter__(self):
+        return iter(self._sd)
+
+    def __len__(self) -> int:
+        return len(self._sd)
+
+
 def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
     """Read a saprmarks/dictionary_learning folder (``ae.pt`` + ``config.json``): ``trainer.dict_class`` names
     the architecture (its ``dl_class``), whose :meth:`~Architecture.from_dictionary_learning` maps the state
@@ -40,15 +64,13 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
     trainer = raw.get("trainer") if isinstance(raw, dict) else None
     if not isinstance(trainer, dict):
         raise SaeFormatError(f"{cfg_path}: missing field 'trainer'")
-    if trainer.get("dict_class") not in _dl_classes():
+    if not isinstance(trainer.get("dict_class"), str) or trainer["dict_class"] not in _dl_classes():
         raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {trainer.get('dict_class')!r}; supported: "
                              f"{sorted(_dl_classes())}")
-    if not w_path.is_file():
-        raise SaeFormatError(f"{w_path}: file is missing")
     try:
-        sd = torch.load(w_path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise SaeFormatError(f"{w_path}: unreadable torch state dict ({exc})") from None
+        sd = read_torch(w_path, "dictionary_learning weights")
+    except ValueError as exc:
+        raise SaeFormatError(str(exc)) from None
     if not isinstance(sd, Mapping):
         raise SaeFormatError(f"{w_path}: expected a state dict, got {type(sd).__name__}")
     return from_dictionary_learning(trainer, sd, source=str(w_path))
@@ -61,14 +83,16 @@ def from_dictionary_learning(trainer: Mapping[str, Any], sd: Mapping[str, torch.
     w_path = source
     cls_name = trainer.get("dict_class")
     classes = _dl_classes()
-    if cls_name not in classes:
+    if not isinstance(cls_name, str) or cls_name not in classes:
         raise SaeFormatError(f"{source}: unsupported dictionary_learning class {cls_name!r}; supported: "
                              f"{sorted(classes)}")
     arch = classes[cls_name]
     try:
-        w, fields, cfg_fields = arch.from_dictionary_learning(sd)
+        w, fields, cfg_fields = arch.from_dictionary_learning(_CheckedState(sd, w_path, cls_name))
     except KeyError as exc:
         raise SaeFormatError(f"{w_path}: tensor {exc.args[0]!r} is missing (dict_class {cls_name})") from None
+    except ValueError as exc:
+        raise SaeFormatError(f"{w_path}: {exc}") from None
     arch_fields: dict[str, Any] = {"source": "dictionary_learning", "dict_class": cls_name, **fields}
     d_in, d_sae = int(w["W_enc"].shape[0]), int(w["W_enc"].shape[-1])
     for key, val in (("activation_dim", d_in), ("dict_size", d_sae)):

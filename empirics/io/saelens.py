@@ -55,6 +55,7 @@ import torch
 from dictcheck.empirics.io.atomic_files import fsync_dir as _fsync_dir
 from dictcheck.empirics.io.atomic_files import staged_file as _atomic_write_bytes
 from dictcheck.empirics.io.safe_files import read_json as safe_read_json
+from dictcheck.theory.scaling import MAX_ENTRY
 
 __all__ = [
     "CFG_FILE",
@@ -241,15 +242,15 @@ class SaeConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise bad(f"field {name!r} must be a positive int, got {v!r}")
-        if self.dtype not in DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise bad(f"field 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.device, str):
             raise bad(f"field 'device' must be a string, got {self.device!r}")
         if not isinstance(self.apply_b_dec_to_input, bool):
             raise bad(f"field 'apply_b_dec_to_input' must be a bool, got {self.apply_b_dec_to_input!r}")
-        if self.normalize_activations not in _NORMALIZE:
+        if not isinstance(self.normalize_activations, str) or self.normalize_activations not in _NORMALIZE:
             raise bad(f"field 'normalize_activations' must be one of {sorted(_NORMALIZE)}, got {self.normalize_activations!r}")
-        if self.reshape_activations not in _RESHAPE:
+        if not isinstance(self.reshape_activations, str) or self.reshape_activations not in _RESHAPE:
             raise bad(f"field 'reshape_activations' must be one of {sorted(_RESHAPE)}, got {self.reshape_activations!r}")
         if not isinstance(self.architecture, str) or not self.architecture:
             raise bad(f"field 'architecture' must be a non-empty string, got {self.architecture!r}")
@@ -285,7 +286,8 @@ def dtype_name(t: torch.Tensor) -> str:
 def check_tensors(
     tensors: Mapping[str, torch.Tensor], cfg: SaeConfig, schema: Schema, source: str, *, check_dtype: bool = True
 ) -> None:
-    """Names, shapes, dtype and finiteness of ``tensors`` against ``schema`` and ``cfg`` (one-line errors)."""
+    """Names, types, shapes, dtype, finiteness and magnitude (≤ :data:`dictcheck.theory.scaling.MAX_ENTRY`) of
+    ``tensors`` against ``schema`` and ``cfg`` (one-line errors)."""
     for name, (shape, required) in schema.items():
         if name not in tensors:
             if required:
@@ -294,6 +296,9 @@ def check_tensors(
                 )
             continue
         t = tensors[name]
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise SaeFormatError(f"{source}: tensor {name!r} must be a floating-point tensor, got "
+                                 f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
         if tuple(t.shape) != shape:
             raise SaeFormatError(
                 f"{source}: tensor {name!r} has shape {shape_text(t.shape)}, expected {shape_text(shape)} "
@@ -304,6 +309,10 @@ def check_tensors(
         if not bool(torch.isfinite(t).all()):
             n_bad = int((~torch.isfinite(t)).sum())
             raise SaeFormatError(f"{source}: tensor {name!r} (shape {shape_text(t.shape)}) has {n_bad} non-finite values")
+        biggest = float(t.abs().max()) if t.numel() else 0.0
+        if biggest > MAX_ENTRY:
+            raise SaeFormatError(f"{source}: tensor {name!r} has entries up to {biggest:.3g} in magnitude, more than "
+                                 f"the {MAX_ENTRY:g} accepted (its products would overflow)")
     extra = sorted(set(tensors) - set(schema))
     if extra:
         raise SaeFormatError(

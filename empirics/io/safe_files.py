@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["LOCK_FILE", "FolderInUseError", "ResourceError", "available_memory", "check_free_space", "check_memory",
-           "check_output_dir", "folder_lock", "format_bytes", "read_json", "read_npy"]
+           "check_output_dir", "folder_lock", "format_bytes", "read_json", "read_npy", "read_torch"]
 
 #: Name of the lock file :func:`folder_lock` keeps inside a locked output folder.
 LOCK_FILE = ".dictcheck.lock"
@@ -80,7 +81,7 @@ def read_npy(path: str | os.PathLike[str], what: str, *, real: bool = True) -> n
     timedeltas.
     """
     path = Path(path)
-    _existing_file(path, what)
+    size = _existing_file(path, what)
     try:
         with open(path, "rb") as fh:
             head = fh.read(len(_NPY_MAGIC))
@@ -92,8 +93,13 @@ def read_npy(path: str | os.PathLike[str], what: str, *, real: bool = True) -> n
         raise ValueError(f"{what} {path} is a pickle, not an .npy array (pickles are never loaded)")
     if head != _NPY_MAGIC:
         raise ValueError(f"{what} {path} is not an .npy file (no NumPy header)")
-    if _header_dtype(path, what).hasobject:
+    shape, dtype = _header(path, what)
+    if dtype.hasobject:
         raise ValueError(f"{what} {path} holds Python objects (a pickled array), not numbers")
+    if any(n < 0 for n in shape):
+        raise ValueError(f"{what} {path} declares the shape {shape}, with a negative dimension")
+    if math.prod(shape) * dtype.itemsize > size:
+        raise ValueError(f"{what} {path} declares the shape {shape} of {dtype}, more than its {format_bytes(size)} hold")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
@@ -105,21 +111,44 @@ def read_npy(path: str | os.PathLike[str], what: str, *, real: bool = True) -> n
     return array
 
 
-def _header_dtype(path: Path, what: str) -> np.dtype:
-    """The dtype an .npy header (format version 1.0 or 2.0, what ``numpy.save`` writes for numbers)
+def _header(path: Path, what: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype an .npy header (format version 1.0 or 2.0, what ``numpy.save`` writes for numbers)
     declares; ValueError for another version or an unreadable header."""
     readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     try:
         with open(path, "rb") as fh:
             version = np.lib.format.read_magic(fh)
             reader = readers.get(version)
-            dtype = None if reader is None else reader(fh)[2]
+            header = None if reader is None else reader(fh)
     except (OSError, EOFError, ValueError) as exc:
         raise ValueError(f"{what} {path} has an unreadable .npy header ({_first_line(exc)})") from None
-    if dtype is None:
+    if header is None:
         raise ValueError(f"{what} {path} has an unknown .npy format version {version[0]}.{version[1]} "
                          "(1.0 and 2.0 are read)")
-    return dtype
+    return tuple(int(n) for n in header[0]), header[2]
+
+
+def read_torch(path: str | os.PathLike[str], what: str) -> Any:
+    """The object the torch file ``path`` holds, read with ``weights_only=True``: tensors and plain containers
+    only, pickled code refused and never run. ValueError (one line, naming ``what``) for a missing or
+    non-regular file and for anything torch cannot read that way, without torch's warnings or its advice to
+    load the file unsafely."""
+    import pickle
+    import warnings
+
+    import torch
+
+    path = Path(path)
+    _existing_file(path, what)
+    try:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the file is judged below
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{what} {path} holds pickled objects that safe loading refuses (nothing in it was run)") \
+            from None
+    except Exception as exc:  # noqa: BLE001 — truncated, foreign or hostile files all end here
+        raise ValueError(f"{what} {path} is unreadable ({_first_line(exc)[:160]})") from None
 
 
 def _first_line(exc: BaseException) -> str:

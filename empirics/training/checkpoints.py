@@ -15,15 +15,14 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dictcheck.empirics.io.atomic_files import atomic_write_bytes
+from dictcheck.empirics.io.safe_files import read_torch
 from dictcheck.empirics.training.distributed import World
 
 __all__ = ["CHECKPOINT_DIR", "CKPT_FORMAT", "CheckpointError", "check_checkpoint", "checkpoints", "latest_checkpoint",
@@ -72,15 +71,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if path.is_symlink():
         raise CheckpointError(f"{path.name} is a symlink (checkpoints are written as regular files)")
     try:
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the file is judged below
-            warnings.simplefilter("ignore")
-            ck = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(f"{path.name} holds pickled objects that safe loading refuses (nothing in it was "
-                              "run)") from None
-    except Exception as exc:  # noqa: BLE001 — truncated, foreign or hostile files all end here
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"{path.name} is unreadable ({first[:160]})") from None
+        ck = read_torch(path, "checkpoint")
+    except ValueError as exc:
+        raise CheckpointError(str(exc).replace(f"checkpoint {path} ", f"{path.name} ", 1)) from None
     if not isinstance(ck, dict) or ck.get("format") != CKPT_FORMAT:
         raise CheckpointError(f"{path.name} is not a dictcheck checkpoint (format {CKPT_FORMAT} expected)")
     return ck
@@ -205,9 +198,12 @@ def _check_optimizer(opt: Any, shapes: list[torch.Size], bad: Any) -> None:
 
 
 def truncate_log(log_path: Path, upto_step: int) -> None:
-    """Keep the well-formed records with step ≤ upto_step (drops a torn last line too)."""
+    """Keep the well-formed records with step ≤ upto_step (drops a torn last line too). ValueError when the log
+    is not a regular file (a FIFO or device, which reading would block on)."""
     if not log_path.exists():
         return
+    if not log_path.is_file():
+        raise ValueError(f"{log_path} is not a regular file; remove it to resume")
     kept = []
     for line in log_path.read_text(encoding="utf-8").splitlines():
         try:

@@ -113,6 +113,8 @@ from dictcheck.empirics.metrics.reconstruction import reconstruction_metrics
 from dictcheck.empirics.io.safe_files import check_free_space, check_memory, folder_lock
 from dictcheck.empirics.io.sae_folder import new_sae_config, save_sae
 from dictcheck.solvers.medians import geometric_median, huber_median
+from dictcheck.solvers.devices import resolve_device
+from dictcheck.theory.scaling import MAX_ENTRY
 
 __all__ = [
     "ARCHS",
@@ -207,6 +209,11 @@ def _is_real(v: Any) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
+#: Largest learning rate accepted: Adam moves every weight by about lr per step, so beyond 10 each step rewrites
+#: a unit-norm decoder many times over (and lr 1e300 overflows at the first step).
+LR_MAX = 10.0
+
+
 @dataclass
 class TrainConfig:
     """How to train (docs/ecosystem.md §3); what to train is the model itself. :meth:`validate` raises
@@ -245,27 +252,16 @@ class TrainConfig:
             raise bad(f"checkpoint_every must be an int >= 0 (0 = final checkpoint only), got {self.checkpoint_every!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise bad(f"seed must be an int >= 0, got {self.seed!r}")
-        if self.lr is not None and (not _is_real(self.lr) or not math.isfinite(self.lr) or self.lr <= 0):
-            raise bad(f"lr must be a finite number > 0, got {self.lr!r}")
-        if not _is_real(self.clip_grad_norm) or not math.isfinite(self.clip_grad_norm) or self.clip_grad_norm <= 0:
-            raise bad(f"clip_grad_norm must be a finite number > 0, got {self.clip_grad_norm!r}")
+        if self.lr is not None and (not _is_real(self.lr) or not 0 < self.lr <= LR_MAX):
+            raise bad(f"lr must be a number in (0, {LR_MAX:g}], got {self.lr!r}")
+        if not _is_real(self.clip_grad_norm) or not 0 < self.clip_grad_norm <= MAX_ENTRY:
+            raise bad(f"clip_grad_norm must be a number in (0, {MAX_ENTRY:g}], got {self.clip_grad_norm!r}")
         if self.b_dec_init is not None and self.b_dec_init not in B_DEC_INITS:
             raise bad(f"b_dec_init must be one of {list(B_DEC_INITS)}, got {self.b_dec_init!r}")
-        if not isinstance(self.device, str) or not self.device:
-            raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        if self.device != "auto":
-            try:
-                device = torch.device(self.device)
-            except (RuntimeError, ValueError):
-                raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}") from None
-            if device.type not in ("cpu", "cuda"):
-                raise bad(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise bad(f"device {self.device!r} asked for, but no CUDA device is available (this torch build "
-                          f"{'has no CUDA' if torch.version.cuda is None else 'sees no GPU'}); use --device cpu")
-            if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-                raise bad(f"device {self.device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) "
-                          "exist")
+        try:
+            resolve_device(self.device)
+        except ValueError as exc:
+            raise bad(str(exc)) from None
 
     def for_model(self, model: Featurizer) -> TrainConfig:
         """This config validated for ``model``, with the architecture's default lr and centring rule filled in."""
@@ -283,9 +279,7 @@ class TrainConfig:
         return cfg
 
     def resolved_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        return resolve_device(self.device)
 
 
 def model_fields(model: Featurizer) -> dict[str, Any]:
@@ -426,6 +420,7 @@ class _Rows:
             _check_shape(X.shape, X.dtype)
             if not np.isfinite(X).all():
                 raise ValueError("X contains NaN or inf")
+            self._check_range(X, "X")
             self.hash = data_hash(X)
             self.tensor = torch.from_numpy(np.ascontiguousarray(X)).to(dtype)
         elif all(hasattr(X, name) for name in ("shape", "dtype", "__getitem__", "content_hash")):
@@ -443,7 +438,18 @@ class _Rows:
         rows = np.asarray(self.store[idx.numpy()])
         if not np.isfinite(rows).all():
             raise ValueError("the activation store holds NaN or inf")
+        self._check_range(rows, "the activation store")
         return torch.from_numpy(np.ascontiguousarray(rows)).to(self.dtype)
+
+    def _check_range(self, X: np.ndarray, what: str) -> None:
+        """ValueError when a row's squared norm could overflow the training dtype: entries beyond
+        √(max / (4·d_in)) (float32: 4.6e18 at d_in = 4), or beyond float32's range altogether."""
+        limit = math.sqrt(float(torch.finfo(self.dtype).max) / (4 * max(int(X.shape[1]), 1)))
+        biggest = float(np.max(np.abs(X), initial=0.0))
+        if biggest > limit:
+            raise ValueError(f"{what} has entries up to {biggest:.3g} in magnitude: training in {self.dtype} squares "
+                             f"them, which overflows beyond {limit:.3g} at d_in = {X.shape[1]}; rescale the data "
+                             "(objective (1) is homogeneous: λ scales with it) or train in float64")
 
 
 def _source_fields(X: Any) -> dict[str, Any]:
@@ -574,9 +580,31 @@ def train(
     if out_dir is not None and world.is_main:
         check_free_space(out_dir, _output_bytes(model, cfg), "the run's checkpoints, log and folder")
     writes = out_dir is not None and world.is_main
+    fresh = writes and not (out_dir / CHECKPOINT_DIR).exists()
     with folder_lock(out_dir, "dictcheck train") if writes else contextlib.nullcontext():
-        return _train_into(model, X, Xt, cfg, out_dir, world, device, fields, resume=resume, progress=progress,
-                           on_step=on_step)
+        try:
+            return _train_into(model, X, Xt, cfg, out_dir, world, device, fields, resume=resume, progress=progress,
+                               on_step=on_step)
+        except BaseException:
+            if fresh:
+                _remove_unfinished(out_dir)
+            raise
+
+
+def _remove_unfinished(out_dir: Path) -> None:
+    """After a run that had no checkpoint to start from failed (an error, Ctrl-C, SIGTERM): if it wrote no
+    checkpoint either, remove what it created (its checkpoints folder and log), so nothing half-made stays
+    behind; the folder lock then removes the folders it created if that left them empty. Any other file in
+    the folder is left alone."""
+    ckpt_dir = out_dir / CHECKPOINT_DIR
+    if ckpt_dir.is_dir() and any(ckpt_dir.glob("ckpt_*.pt")):
+        return
+    with contextlib.suppress(OSError):
+        for stale in ckpt_dir.glob(".ckpt_*.tmp"):
+            stale.unlink()
+        ckpt_dir.rmdir()
+    with contextlib.suppress(OSError):
+        (out_dir / LOG_FILE).unlink()
 
 
 #: Bytes per log record (a JSON line of a dozen numbers), and for cfg.json and metrics.json together.

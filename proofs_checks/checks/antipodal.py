@@ -7,7 +7,7 @@ import numpy as np
 
 from dictcheck.empirics.data.toys import make_toy
 from dictcheck.proofs_checks.figures import plot_threshold_1d
-from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check, negative_control
 from dictcheck.proofs_checks.sources import THEORY_PAPER
 from dictcheck.solvers.l0_scalar import l0_fit, l0_fit_exhaustive, l0_optimum
 from dictcheck.solvers.wide_limit import solve_wide_limit
@@ -93,8 +93,16 @@ def threshold_1d(ctx: CheckContext) -> Outcome:
                 "atom_mismatches": atom_mismatch, "uniform_failures": [r for r in uniform_rows if not r["ok"]]}
     passed = (table_err <= tol["spec_table"] and closed_err <= tol["closed_form"] and symbolic_err <= tol["closed_form"]
               and bias_formula_err <= tol["bias_formula"] and not atom_mismatch and not measured["uniform_failures"])
+    # Above p = 1/2 the one-ray bias λp/(1 − p) is not the optimum (the pair is): the measurement must see it miss.
+    above = [(lam, p) for lam, row in _SPEC_TABLE.items() for p in row if p > 0.5]
+    missed = max(abs(solve_wide_limit(make_toy("dense_scalar", p=p, N=1000, amplitude="constant", a=2.0, lam=lam).X,
+                                      lam).b[0] - lam * p / (1 - p)) for lam, p in above)
+    controls = [negative_control(
+        "one_ray_bias_formula_above_one_half", measured=missed, threshold=0.5,
+        what="max |b* − λp/(1 − p)| over the table's rows with p > 1/2 (where the optimum is the pair)",
+        reference=max(abs(_SPEC_TABLE[lam][p][0] - lam * p / (1 - p)) for lam, p in above), rtol=1e-5)]
     return Outcome(
-        measured=measured, tolerance=tol, passed=passed,
+        measured=measured, tolerance=tol, passed=passed, controls=controls,
         tolerance_reason="The 1-D Huber median is computed exactly (root of a piecewise-linear ψ), so closed forms "
         "agree to float64 rounding; the spec's table is printed to 6 decimals.",
         details={"uniform": uniform_rows}, figures=[str(fig.relative_to(ctx.out_dir))],
@@ -203,8 +211,13 @@ def l0_threshold_1d(ctx: CheckContext) -> Outcome:
                 "side_failures": side_failures, "seeded_toy": toy_rows}
     passed = (value_err <= L0_TOL["quantile_value"] and thr_err <= L0_TOL["quantile_threshold"]
               and exhaustive_err <= L0_TOL["exhaustive"] and not side_failures)
+    # The L1 rule (switch at p = 1/2) is where the L0 claim breaks: its switch lies well above 1/2.
+    controls = [negative_control(
+        f"l0_switch_is_not_at_one_half_c_{c:g}", measured=thresholds[str(c)]["quantile_sample"] - 0.5, threshold=0.1,
+        what=f"the empirical switch p minus 1/2 at price c = {c:g}",
+        reference=thresholds[str(c)]["closed_form"] - 0.5, rtol=1e-2) for c in L0_PRICES]
     return Outcome(
-        measured=measured, tolerance={**L0_TOL, "seeded_toy_margin": L0_TOY_MARGIN}, passed=passed,
+        measured=measured, tolerance={**L0_TOL, "seeded_toy_margin": L0_TOY_MARGIN}, passed=passed, controls=controls,
         tolerance_reason="Quantile samples are the midpoint rule for the population integrals: with k ≥ 6000 active "
         "nodes the values agree to O(c/k) < 1e-4 and the switch to 1e-3 in p (the two costs cross at slope c + G). "
         "The solver and exhaustive search are both exact (rounding only). Seeded toys differ from the population by "

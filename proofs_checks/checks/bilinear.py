@@ -29,7 +29,7 @@ from dictcheck.empirics.data.quadric_toy import QuadricToy, make_quadric_toy
 from dictcheck.empirics.training.loop import TrainConfig, best_of_runs, torch_threads, train
 from dictcheck.proofs_checks.real_protocol import real_data
 from dictcheck.proofs_checks.figures_bilinear import ProjectionPanel, plot_latent_projections
-from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
+from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check, negative_control
 from dictcheck.proofs_checks.sources import BILINEAR_PAPER
 from dictcheck.solvers.form_matching import match_forms
 from dictcheck.theory.bilinear_lifted import (
@@ -201,6 +201,26 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
     return rows
 
 
+def _kernel_controls(rng: np.random.Generator) -> list[Control]:
+    """For each prior: the kernel loss of a dictionary whose forms are perturbed by 10% against the naive loss of the
+    unperturbed one (the comparison must see the difference), and equal to the naive loss of the perturbed one."""
+    controls = []
+    N, D, d = 9, 4, 3
+    Xn, _ = normalise_tokens(rng.normal(size=(N, D)))
+    for prior in ("atomic", "quadratic", "compound"):
+        parts = {"U": rng.normal(size=(d, D)), "V": rng.normal(size=(d, D)) if prior == "quadratic" else None,
+                 "C": rng.normal(size=(d, d)) if prior == "compound" else None}
+        dic = BilinearDictionary(prior, **parts)
+        moved = BilinearDictionary(prior, **{k: None if v is None else v * (1 + 0.1 * rng.normal(size=v.shape))
+                                             for k, v in parts.items()})
+        base = naive_lifted_loss(Xn, dic.forms())
+        controls.append(negative_control(
+            f"kernel_loss_of_perturbed_{prior}_forms", measured=abs(kernel_lifted_loss(Xn, moved) - base) / base,
+            threshold=1e-3, what="|kernel loss of forms moved by 10% − naive loss of the originals| / naive",
+            reference=abs(naive_lifted_loss(Xn, moved.forms()) - base) / base, rtol=1e-8))
+    return controls
+
+
 @check(
     "bilinear.kernel_exact",
     "Kernel-trick lifted loss and its gradient equal the naive lifted loss for every prior",
@@ -220,6 +240,7 @@ def bilinear_kernel_exact(ctx: CheckContext) -> Outcome:
     worst = {k: max(r[k] for r in rows) for k in keys}
     bad = [r for r in rows if max(r[k] for k in keys) >= KERNEL_TOL]
     return Outcome(
+        controls=_kernel_controls(ctx.rng("bilinear.kernel_exact:control")),
         measured={"max_rel_err": worst, "n_cases": len(rows)}, tolerance=KERNEL_TOL,
         tolerance_reason="float64 rounding on O(10)-sized sums is ~1e-15 relative; 1e-10 (the issue's bound) "
         "leaves room for cancellation in the '− 2‖Z‖² + N' terms while any algebraic error is O(1).",
@@ -273,7 +294,16 @@ def bilinear_hoyer_scale_invariant(ctx: CheckContext) -> Outcome:
     errors = {"rescaling": scale_err, "one_active_token": one_token, "uniform_magnitude": uniform_err,
               "torch_vs_numpy_mean": torch_err, "model_latent_rescaling": model_err}
     passed = max(errors.values()) < HOYER_TOL and dead_ok and torch_dead == 1
-    return Outcome(
+    # Rescaling one token's activations (not a latent's) is where the invariance breaks; η from its definition.
+    B = A.copy()
+    B[1:4] *= 10.0
+    a1, a2 = np.abs(B).sum(axis=0), np.sqrt((B * B).sum(axis=0))
+    direct = (a1 / a2 - 1.0) / (np.sqrt(N) - 1.0)
+    controls = [negative_control("rescaling_three_tokens", measured=float(np.max(np.abs(hoyer_density(B).eta
+                                                                                         - hoyer_density(A).eta))),
+                                 threshold=1e-3, what="max_j |η_j change| when three tokens are multiplied by 10",
+                                 reference=float(np.max(np.abs(direct - hoyer_density(A).eta))), rtol=1e-9)]
+    return Outcome(controls=controls,
         measured={"max_abs_err": errors, "dead_latent_handled": dead_ok, "torch_dead_count": torch_dead},
         tolerance=HOYER_TOL,
         tolerance_reason="the identities are exact; float64 rounding of ‖a‖₁/‖a‖₂ over 64 tokens is ~1e-15.",
@@ -465,16 +495,18 @@ def _embed(poor: BilinearDictionary, richer: str) -> BilinearDictionary:
     return BilinearDictionary("compound", U, C=np.eye(U.shape[0]))
 
 
-def _descend(X: np.ndarray, dictionary: BilinearDictionary) -> tuple[list[float], BilinearDictionary, int]:
+def _descend(X: np.ndarray, dictionary: BilinearDictionary, *, sign: float = 1.0,
+             steps: int = WARM_STEPS) -> tuple[list[float], BilinearDictionary, int]:
     """Full-batch gradient descent on the kernel loss (closed-form gradients, C dense, float64) with an Armijo
     backtracking line search (step 1 halved until L(θ − t g) ≤ L(θ) − ARMIJO·t‖g‖², at most MAX_HALVINGS
-    times), WARM_STEPS steps; (the loss before each step and after the last, the final dictionary, the number
-    of steps where no decrease was found although ‖g‖ > 1e-8: a wrong gradient)."""
+    times), ``steps`` steps; (the loss before each step and after the last, the final dictionary, the number
+    of steps where no decrease was found although ‖g‖ > 1e-8: a wrong gradient). ``sign`` −1 steps along +∇,
+    the negative control: no decrease can be found there."""
     d = dictionary
     losses = [kernel_lifted_loss(X, d)]
     no_descent = 0
-    for _ in range(WARM_STEPS):
-        g = lifted_loss_gradients(X, d)
+    for _ in range(steps):
+        g = {n: sign * v for n, v in lifted_loss_gradients(X, d).items()}
         gg = float(sum(np.sum(v * v) for v in g.values()))
         t, accepted = 1.0, None
         for _ in range(MAX_HALVINGS):
@@ -514,7 +546,8 @@ def warm_start_rows(rng: np.random.Generator) -> list[dict[str, Any]]:
         r, _, no_descent = _descend(X, _embed(solved, rich))
         out.append({"poorer": poor, "richer": rich, "poorer_loss": p[-1], "embedding_gap": abs(r[0] - p[-1]),
                     "richer_after": r[-1], "max_step_rise": max(b - a for a, b in zip(r, r[1:])),
-                    "steps_without_descent": no_descent})
+                    "steps_without_descent": no_descent,
+                    "ascent_without_descent": _descend(X, _embed(start, rich), sign=-1.0, steps=1)[2]})
     return out
 
 
@@ -539,7 +572,12 @@ def bilinear_prior_warm_start(ctx: CheckContext) -> Outcome:
     rise = max(r["max_step_rise"] for r in rows)
     stuck = sum(r["steps_without_descent"] for r in rows)
     passed = gap < WARM_TOL and rise < WARM_TOL and stuck == 0
-    return Outcome(
+    controls = [negative_control("steps_along_the_ascent_direction", measured=float(sum(r["ascent_without_descent"]
+                                                                                        for r in rows)),
+                                 threshold=len(rows) - 0.5,
+                                 what="steps (one per path, from the random start embedded in the richer prior) "
+                                 "that find no decrease along +∇ instead of −∇")]
+    return Outcome(controls=controls,
         measured={"max_embedding_gap": gap, "max_step_rise": rise, "steps_without_descent": stuck,
                   "loss": {f"{r['poorer']}→{r['richer']}": [round(r["poorer_loss"], 6), round(r["richer_after"], 6)]
                            for r in rows}},

@@ -56,7 +56,7 @@ from dictcheck.empirics.metrics.manifold_bench import (
     train_blocks,
 )
 from dictcheck.proofs_checks.figures_bsf import plot_mdl_curve, plot_recovered_circle
-from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
+from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check, negative_control
 from dictcheck.proofs_checks.sources import BSF_PAPER
 from dictcheck.theory.symbolic import (
     analytic_best_direction_fraction,
@@ -153,7 +153,13 @@ def circle_half_variance(ctx: CheckContext) -> Outcome:
     nonneg_err = abs(nonneg["sampled"] - float(nonneg["analytic"]))
     passed = (analytic_ok and nonneg["analytic"] == sp.Rational(1, 4) and sampled_err <= HALF_VARIANCE_TOL
               and nonneg_err <= HALF_VARIANCE_TOL and even_err <= 1e-12)
-    return Outcome(
+    # An ellipse (axes 2 and 1, evenly spaced angles) is where the half breaks: its best direction explains 4/5.
+    t = 2 * np.pi * np.arange(360) / 360
+    ellipse = best_direction_fraction(np.column_stack([2.0 * np.cos(t), np.sin(t)]))
+    controls = [negative_control("best_direction_of_an_ellipse", measured=ellipse - 0.5, threshold=0.1,
+                                 what="λ_max/tr − 1/2 for an ellipse with axes 2 and 1", reference=0.8 - 0.5,
+                                 rtol=1e-9)]
+    return Outcome(controls=controls,
         measured={"analytic": {k: str(v) for k, v in analytic.items()},
                   "sampled": sampled, "max_sampled_error": sampled_err,
                   "nonnegative_atom_circle": {"analytic": str(nonneg["analytic"]), "sampled": nonneg["sampled"]},

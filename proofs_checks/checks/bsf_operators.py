@@ -19,7 +19,7 @@ import torch
 
 from dictcheck.empirics.architectures import architecture, build_model
 from dictcheck.empirics.training.loop import TrainConfig, torch_threads, train
-from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check, negative_control
 from dictcheck.proofs_checks.sources import BSF_PAPER, THEORY_PAPER
 from dictcheck.solvers.block_lasso import numeric_l21_prox, solve_block_lasso
 from dictcheck.theory.block_sparse import (
@@ -66,10 +66,11 @@ def _prox_instance(rng: np.random.Generator) -> tuple[np.ndarray, float]:
 )
 def prox_exact(ctx: CheckContext) -> Outcome:
     rng = ctx.rng("bsf.prox_exact")
-    diffs, value_excess, zero_blocks = [], [], 0
+    diffs, value_excess, zero_blocks, wrong_threshold = [], [], 0, []
     for _ in range(40):
         a, theta = _prox_instance(rng)
         exact, numeric = block_soft_threshold(a, theta), numeric_l21_prox(a, theta)
+        wrong_threshold.append(float(np.max(np.abs(block_soft_threshold(a, 0.9 * theta) - numeric))))
 
         def value(z: np.ndarray) -> float:
             return float(0.5 * np.sum((z - a) ** 2) + theta * l21_norm(z))
@@ -80,8 +81,10 @@ def prox_exact(ctx: CheckContext) -> Outcome:
     measured = {"max_abs_diff": max(diffs), "max_value_excess": max(value_excess), "instances": 40,
                 "blocks_thresholded_to_zero": zero_blocks}
     passed = measured["max_abs_diff"] <= PROX_TOL and measured["max_value_excess"] <= PROX_TOL
+    controls = [negative_control("prox_at_nine_tenths_of_theta", measured=max(wrong_threshold), threshold=1e-3,
+                                 what="max |sh_0.9θ(a) − prox_cvxpy(a)| (a threshold 10% off)")]
     return Outcome(measured=measured, tolerance={"abs_diff": PROX_TOL, "value_excess": PROX_TOL},
-                   tolerance_reason=_SOLVER_REASON, passed=passed)
+                   tolerance_reason=_SOLVER_REASON, passed=passed, controls=controls)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,8 +169,17 @@ def block_wide_limit(ctx: CheckContext) -> Outcome:
               and measured["max_closed_form_attain_diff"] <= 1e-12 and measured["max_solver_attain_diff"] <= WIDE_TOL
               and measured["unit_frobenius_min_gap_sharp_bound"] >= -WIDE_TOL
               and measured["unit_frobenius_min_gap"] > 0 and measured["unit_frobenius_max_op_norm"] < 1)
+    # A block of operator norm 2 (outside the theorem's ‖W_g‖₂ ≤ 1) beats the bound h_λ: by h_λ − h_{λ/2}.
+    rng = ctx.rng("bsf.block_wide_limit:control")
+    x = rng.normal(size=3)
+    x *= 2.0 / np.linalg.norm(x)
+    frame = np.linalg.qr(np.column_stack([x, rng.normal(size=(3, 1))]))[0]
+    below = block_wide_bound(x, 0.5) - solve_block_lasso(x, 2.0 * frame[None], 0.5)[1]
+    controls = [negative_control("bound_broken_by_a_block_of_norm_2", measured=below, threshold=1e-3,
+                                 what="h_λ(‖x̃‖) − min value with one block of operator norm 2 containing x̃",
+                                 reference=block_wide_bound(x, 0.5) - block_wide_bound(x, 0.5, op_norm=2.0), rtol=1e-4)]
     return Outcome(
-        measured=measured, tolerance=tol, passed=passed,
+        measured=measured, tolerance=tol, passed=passed, controls=controls,
         tolerance_reason=_SOLVER_REASON + " The closed form is evaluated in float64 (rounding ~1e-15).",
         details={"unit_frobenius": frob},
     )
@@ -226,12 +238,15 @@ def grassmann_orthonormal(ctx: CheckContext) -> Outcome:
                 "final_raw_B_departure": _raw_departure(model), "final_gamma": float(model.gamma.detach()),
                 "final_loss": float(result.final_loss)}
     passed = measured["max_orthonormality_error"] <= ORTHO_TOL and measured["steps_measured"] == p["steps"]
+    # The raw parameters are the point where orthonormality breaks: the same measure sees them far off it.
+    controls = [negative_control("raw_parameters_off_the_stiefel_manifold", measured=measured["final_raw_B_departure"],
+                                 threshold=1e-3, what="max_g ‖B_gᵀB_g − I‖_F of the raw B after training")]
     finding = None
     if not passed:
         finding = (f"‖W_gᵀW_g − I‖_F reached {measured['max_orthonormality_error']:.2e} > {ORTHO_TOL:.0e} "
                    f"(float32 QR of the drifted B, departure {measured['final_raw_B_departure']:.2e}).")
     return Outcome(
-        measured=measured, tolerance=ORTHO_TOL, passed=passed, finding=finding,
+        measured=measured, tolerance=ORTHO_TOL, passed=passed, finding=finding, controls=controls,
         tolerance_reason="The spec's invariant (docs/bsf.md §9), unchanged. Householder QR in float32 (unit roundoff "
         "6e-8) leaves ‖QᵀQ − I‖_F of a few 1e-7 per block at D = 128, q = 4 (max ≈ 7e-7 over 48 blocks × 400 "
         "steps in our runs), so the margin to 1e-6 is small but the claim holds; float64 would pass trivially.",

@@ -8,14 +8,14 @@ import numpy as np
 
 from dictcheck.empirics.data.toys import make_toy
 from dictcheck.proofs_checks.figures import plot_wide_limit_2d
-from dictcheck.proofs_checks.registry import CheckContext, Outcome, check
+from dictcheck.proofs_checks.registry import CheckContext, Outcome, check, negative_control
 from dictcheck.proofs_checks.sources import THEORY_PAPER
 from dictcheck.solvers.dnn import solve_dnn
 from dictcheck.solvers.medians import geometric_median, huber_median
 from dictcheck.solvers.reference_learner import fit_reference
 from dictcheck.solvers.wide_limit import solve_wide_limit
-from dictcheck.theory.certificate import cert_ratio, certificate_matrix, certificate_slack
-from dictcheck.theory.huber import huber_objective, huber_objective_hessian
+from dictcheck.theory.certificate import cert_ratio, certificate_matrix, certificate_slack, certified_gap
+from dictcheck.theory.huber import huber_objective, huber_objective_gradient, huber_objective_hessian
 from dictcheck.theory.objective import centred, q_program, q_program_gradient, q_residuals, ridge_decoder, scaled_objective
 from dictcheck.theory.wide_limit import wide_optimum_at_bias
 
@@ -55,13 +55,20 @@ def q_reformulation(ctx: CheckContext) -> Outcome:
         fd = (q_program(Q + h * E, b, X, lam) - q_program(Q - h * E, b, X, lam)) / (2 * h)
         analytic = float(np.sum(q_program_gradient(Q, b, X, lam).grad_Q * E))
         rel_grad.append(abs(fd - analytic) / max(abs(analytic), 1e-8))
+    # W moved off the ridge optimum: form (2) exceeds J by exactly (‖EZ‖² + λ‖E‖²)/N (F is quadratic in W).
+    E = 0.1 * rng.normal(size=W.shape)
+    excess = scaled_objective(W + E, Z, b, X, lam) - J
+    controls = [negative_control(
+        "form_2_off_the_ridge_decoder", measured=excess, threshold=1e-6,
+        what="F(W* + E, Z, b) − J(ZᵀZ, b) for a random E of scale 0.1",
+        reference=float((np.sum((E @ Z) ** 2) + lam * np.sum(E * E)) / N), rtol=1e-7)]
     measured = {"max_rel_value_diff": max(rel_value), "max_rel_ridge_diff": max(rel_ridge),
                 "max_rel_identity_diff": max(rel_identity), "max_rel_fd_gradient_diff": max(rel_grad)}
     tol = {"value": 1e-10, "ridge": 1e-10, "identity": 1e-10, "gradient": 1e-6}
     passed = (measured["max_rel_value_diff"] <= tol["value"] and measured["max_rel_ridge_diff"] <= tol["ridge"]
               and measured["max_rel_identity_diff"] <= tol["identity"] and measured["max_rel_fd_gradient_diff"] <= tol["gradient"])
     return Outcome(
-        measured=measured, tolerance=tol, passed=passed,
+        measured=measured, tolerance=tol, passed=passed, controls=controls,
         tolerance_reason="float64 linear algebra on well-conditioned (Q + λI, λ ≥ 0.05) systems rounds at ~1e-13; "
         "the central finite difference with h = 1e-6 has truncation + rounding error ~1e-8 relative.",
         details={"instances": 40},
@@ -90,6 +97,33 @@ def _global_optimum_cases(ctx: CheckContext) -> list[tuple[str, np.ndarray, floa
     clusters = make_toy("clusters", seed=ctx.seed, n_clusters=2, n_per_cluster=4, D=2)
     cases.append(("two clusters N=8, learned b", clusters.X, clusters.lam, None, True))
     return cases
+
+
+def _certificate_controls(X: np.ndarray, lam: float) -> list:
+    """The certificate and the certified gap at points that are not optimal, each against a direct computation:
+    half the closed-form Q* at the Huber median (residuals longer than λ: the certificate must fail), and the
+    Huber median moved by λ/2 (its bias term must be positive)."""
+    b = solve_wide_limit(X, lam).b
+    Xc = centred(X, b)
+    N = X.shape[1]
+    Q = 0.5 * np.diag(wide_optimum_at_bias(X, b, lam).q_diag)
+    R = q_residuals(Q, Xc, lam)
+    RR = R.T @ R
+    b_off = b + 0.5 * lam * np.eye(X.shape[0])[0]
+    gap = certified_gap(huber_objective(b_off, X, lam), b_off, X, lam, learned_bias=True)
+    return [
+        negative_control("cert_ratio_at_half_the_optimal_Q", measured=cert_ratio(R, lam) - 1.0, threshold=1e-3,
+                         what="max‖r_i‖/λ − 1 at Q = Q*/2", reference=float(np.sqrt(np.max(np.diag(RR)))) / lam - 1.0),
+        negative_control("certificate_negative_at_half_the_optimal_Q",
+                         measured=-float(np.min(certificate_matrix(R, lam))), threshold=1e-3,
+                         what="−min G there", reference=float(np.max(RR)) / lam - lam),
+        negative_control("slackness_at_half_the_optimal_Q", measured=abs(certificate_slack(R, Q, lam)), threshold=1e-6,
+                         what="|⟨G, Q⟩|/N there", reference=abs(float(lam * np.sum(Q) - np.sum(RR * Q) / lam) / N)),
+        negative_control("certified_gap_off_the_median", measured=gap.certified_gap, threshold=1e-6,
+                         what="the certified gap of the closed form at the Huber median moved by λ/2",
+                         reference=float(np.linalg.norm(huber_objective_gradient(b_off, X, lam))
+                                         * np.max(np.linalg.norm(X - b_off[:, None], axis=0)))),
+    ]
 
 
 @check(
@@ -132,6 +166,7 @@ def global_optimum(ctx: CheckContext) -> Outcome:
             "closed_slack": certificate_slack(R_closed, np.diag(closed.q_diag), lam),
             "certified_gap": wide.certified_gap, "solver": dnn.solver,
         })
+    controls = _certificate_controls(*_global_optimum_cases(ctx)[1][1:3])
     tol = {"value": 1e-6, "Q": 2e-4, "b": "max(1e-4, sqrt(2·1e-8/μ)) per data set", "cert_ratio_minus_one": 1e-4,
            "min_G": -1e-4, "slack": 1e-5, "closed_form_identities": 1e-12, "certified_gap": 1e-10}
     worst = {
@@ -153,7 +188,7 @@ def global_optimum(ctx: CheckContext) -> Outcome:
               and worst["closed_form_identity_error"] <= tol["closed_form_identities"]
               and worst["certified_gap"] <= tol["certified_gap"])
     return Outcome(
-        measured=worst, tolerance=tol, passed=passed,
+        measured=worst, tolerance=tol, passed=passed, controls=controls,
         tolerance_reason="The conic solver (Clarabel, gap/feasibility tolerances 1e-9) returns Q to about 1e-4 on "
         "the optimal face, which the spec's reference solves also reached (§9 C1/C2: 1e-6 in value, 2e-4 in Q, "
         "1e-4 in b). Where H is flat (μ = smallest eigenvalue of ∇²H at b* small, e.g. two equal clusters: "
@@ -196,6 +231,9 @@ def ray_clustering(ctx: CheckContext) -> Outcome:
         "min_excess_when_two_rays_share_an_atom": min(m["excess"] for m in merged),
     }
     tol = {"spec_values": 5e-7, "attained": 1e-12, "min_excess": 1e-6}
+    controls = [negative_control("two_rays_sharing_an_atom", measured=measured["min_excess_when_two_rays_share_an_atom"],
+                                 threshold=tol["min_excess"],
+                                 what="the objective above the optimum when two rays must share one atom")]
     passed = (
         at_zero.n_rays == ref["b0_n_rays"] and learned.n_rays == ref["learned_b_n_rays"]
         and abs(at_zero.objective - ref["b0_mean_objective"]) <= tol["spec_values"]
@@ -203,7 +241,6 @@ def ray_clustering(ctx: CheckContext) -> Outcome:
         and np.max(np.abs(learned.b - np.array(ref["huber_median"]))) <= tol["spec_values"]
         and abs(measured["attained_minus_optimum_b0"]) <= tol["attained"]
         and abs(measured["attained_minus_optimum_learned"]) <= tol["attained"]
-        and measured["min_excess_when_two_rays_share_an_atom"] > tol["min_excess"]
     )
     fig = plot_wide_limit_2d(ctx.figure_path("wide_limit_rays_2d.png"), [
         {"title": f"b = 0: {at_zero.n_rays} rays, objective {at_zero.objective:.6f}", "X": X, "b": at_zero.b,
@@ -212,7 +249,7 @@ def ray_clustering(ctx: CheckContext) -> Outcome:
          "lam": lam, "atoms": learned.rays.atoms, "assignment": learned.rays.assignment},
     ])
     return Outcome(
-        measured=measured, tolerance=tol, passed=passed,
+        measured=measured, tolerance=tol, passed=passed, controls=controls,
         tolerance_reason="Spec values are printed to 6 decimals (±5e-7); the ray dictionary's attained value is "
         "computed in closed form (rounding ~1e-15); a merged dictionary must lose by far more than the reference "
         "learner's stationarity (~1e-8) to count as a real increase.",
@@ -260,9 +297,18 @@ def huber_vs_geometric_median(ctx: CheckContext) -> Outcome:
         float(np.max(np.abs(gm.b - np.array(ref["geometric_median"])))), abs(gm.objective - 1.427347),
         abs(huber_at_gm - 1.898639),
     )
-    passed = max(spread_diffs) <= tol["coincide"] and spec_err <= tol["spec_values"] and huber_at_gm > hm.objective
+    passed = max(spread_diffs) <= tol["coincide"] and spec_err <= tol["spec_values"]
+    controls = [
+        negative_control("medians_differ_when_points_lie_within_lambda", measured=measured["crowded_median_distance"],
+                         threshold=1e-3, what="‖Huber median − geometric median‖ on the crowded data (C3)",
+                         reference=float(np.linalg.norm(np.array(ref["huber_median"]) - np.array(ref["geometric_median"]))),
+                         rtol=1e-5),
+        negative_control("huber_objective_higher_at_the_geometric_median", measured=huber_at_gm - hm.objective,
+                         threshold=1e-3, what="H(geometric median) − H(Huber median) there",
+                         reference=1.898639 - ref["mean_objective"], rtol=1e-4),
+    ]
     return Outcome(
-        measured=measured, tolerance=tol, passed=passed,
+        measured=measured, tolerance=tol, passed=passed, controls=controls,
         tolerance_reason="Both medians are solved to a gradient norm ≤ 1e-10 (distance error ≲ 1e-9 on these "
         "well-conditioned sets); the spec prints its reference values to 6 decimals.",
         details={"max_spec_value_error": spec_err, "spread_draws_skipped_median_on_a_point": skipped},

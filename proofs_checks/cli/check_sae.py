@@ -15,8 +15,9 @@ import sys
 from typing import Any
 
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
-from dictcheck.proofs_checks.cli.inputs import finite_result, positive_lambda, scan_points_file
+from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, finite_result, scan_points_file
 from dictcheck.proofs_checks.errors import UserError
+from dictcheck.solvers.devices import DEVICE_CHOICES
 
 #: What each violation measures, for readers of the report (docs/theory.md §6).
 SCALES = (
@@ -95,19 +96,15 @@ def check_sae(args: argparse.Namespace) -> int:
     from dictcheck.empirics.io.saelens import SaeFormatError
     from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
 
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if min(args.polish_tokens or 1, args.polish_iters, args.hull_atoms, args.hull_tokens) < 1:
-        raise UserError("--polish-tokens, --polish-iters, --hull-atoms and --hull-tokens must be >= 1")
-    if not 0.0 <= args.polish_holdout < 1.0:
-        raise UserError(f"--polish-holdout must be in [0, 1), got {args.polish_holdout}")
-    if isinstance(args.lam, float):
-        positive_lambda(args.lam)
+    try:  # every setting checked here, by the same rules the API applies (SaeCheckSettings)
+        settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull,
+                                    hull_atoms=args.hull_atoms, hull_tokens=args.hull_tokens, polish=args.polish,
+                                    polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
+                                    polish_holdout=args.polish_holdout, tol=args.tol, device=args.device,
+                                    progress=sys.stderr.isatty() and not args.json)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     scan_points_file(args.data)  # an .npy file: format, dtype, shape, finite, magnitude (stores check themselves)
-    settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull, hull_atoms=args.hull_atoms,
-                                hull_tokens=args.hull_tokens, polish=args.polish,
-                                polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
-                                polish_holdout=args.polish_holdout, device=args.device, progress=sys.stderr.isatty() and not args.json)
     quiet = args.json or sys.stderr.isatty()
     try:
         report = sae_report(args.directory, args.data, settings,
@@ -146,6 +143,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--hull-atoms", type=int, default=32, metavar="A", help="atoms --hull measures (default 32)")
     p.add_argument("--hull-tokens", type=int, default=2048, metavar="N", help="tokens --hull uses (default 2048)")
     p.add_argument("--batch-size", type=int, metavar="B", help="tokens per batch (default: sized for ~512 MB)")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda for the streamed diagnostics and exact codes")
+    p.add_argument("--tol", type=float, default=1e-8, help="relative KKT tolerance of the exact codes, in "
+                   f"[{CODES_TOL_RANGE[0]:g}, {CODES_TOL_RANGE[1]:g}] (default 1e-8)")
+    p.add_argument("--device", default="cpu", help=f"{DEVICE_CHOICES} (default cpu): where the streamed "
+                   "diagnostics and exact codes run")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(handler=check_sae)

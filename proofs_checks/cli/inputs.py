@@ -36,19 +36,16 @@ from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.empirics.io.safe_files import check_memory, check_output_dir, read_npy
 from dictcheck.proofs_checks.errors import UserError
+from dictcheck.theory.scaling import LAMBDA_RANGE, MAX_ENTRY
 
 __all__ = ["MAX_ENTRY", "LAMBDA_RANGE", "CODES_TOL_RANGE", "MIN_ATOM", "SCAN_BYTES", "FIGURE_SUFFIXES",
            "NonFiniteResultError", "checked_array", "checked_points", "checked_dictionary", "checked_bias",
            "checked_lambda", "checked_range", "positive_lambda", "load_array", "load_points", "scan_points_file",
            "output_dir", "output_file", "finite_result"]
 
-#: Largest magnitude accepted for an entry of data, a dictionary or a bias.
-MAX_ENTRY = 1e50
 #: Smallest largest-entry magnitude of a dictionary atom: smaller atoms cannot be normalised (their
 #: squared norm leaves the normal float64 range).
 MIN_ATOM = 1e-100
-#: The accepted range of λ (inclusive).
-LAMBDA_RANGE = (1e-50, 1e50)
 #: The accepted range of the exact codes' relative KKT tolerance: below 1e-15 is beneath float64
 #: resolution (the solver stops at ~1e-15 anyway), above 1e-3 the codes are not near exact and the
 #: §3 diagnostics, judged at 1e-6, lose their meaning.

@@ -30,19 +30,20 @@ def _dl_classes() -> dict[str, Architecture]:
 
 
 class _CheckedState(Mapping[str, torch.Tensor]):
-    """A state dict whose entries are checked when an architecture reads them: each must be a floating-point
-    tensor of at most 2 dimensions (SaeFormatError naming it otherwise); shapes and values are checked against
-    the architecture's schema after conversion."""
+    """A state dict whose entries are checked when an architecture reads them: a floating-point tensor, 2-D for a
+    matrix (``*.weight``, ``W_*``: dictionary_learning's names) and at most 1-D otherwise (SaeFormatError naming
+    it otherwise); shapes and values are checked against the architecture's schema after conversion."""
 
     def __init__(self, sd: Mapping[str, Any], source: str, cls_name: str) -> None:
         self._sd, self._source, self._cls = sd, source, cls_name
 
     def __getitem__(self, name: str) -> torch.Tensor:
         v = self._sd[name]
-        if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.ndim > 2:
+        matrix = name.endswith("weight") or name.startswith("W_")
+        if not isinstance(v, torch.Tensor) or not v.is_floating_point() or (v.ndim != 2 if matrix else v.ndim > 1):
             what = f"a {v.dtype} tensor of shape {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
-            raise SaeFormatError(f"{self._source}: entry {name!r} must be a floating-point tensor of at most 2 "
-                                 f"dimensions (dict_class {self._cls}), got {what}")
+            raise SaeFormatError(f"{self._source}: entry {name!r} must be a {'2-D' if matrix else '0-D or 1-D'} "
+                                 f"floating-point tensor (dict_class {self._cls}), got {what}")
         return v
 
     def __iter__(self):

@@ -80,8 +80,8 @@ def floor_seconds(W, Xc, repeats: int) -> float:
 
 
 def with_setup_time(fn):
-    """(seconds, seconds spent in lasso_codes._make_ctx, result) of one call of fn, by cProfile
-    (a handful of profiled Python calls: negligible overhead)."""
+    """(seconds, seconds spent building the Gram cache (CodeSolver.gram), result) of one call of fn, by
+    cProfile (a handful of profiled Python calls: negligible overhead)."""
     import cProfile
     import pstats
 
@@ -92,31 +92,22 @@ def with_setup_time(fn):
     prof.disable()
     t = time.perf_counter() - t0
     setup = sum(ct for (_f, _l, name), (_cc, _nc, _tt, ct, _c) in pstats.Stats(prof).stats.items()
-                if name == "_make_ctx")
+                if name == "gram")
     return t, setup, out
 
 
-# Stages of exact_codes for --profile: cProfile's cumulative time of these functions (both the
-# current solver and main's before issue 17 are covered; a missing function counts 0; a kind
-# with a leading "-" is subtracted).
+# Stages of exact_codes for --profile: cProfile's cumulative time of these functions (a missing function
+# counts 0; a kind with a leading "-" is subtracted). The compiled calls are invisible to cProfile: each is
+# timed as the Python function that calls it.
 STAGES = [
-    ("setup: validation, Gram WᵀW", [("exact_codes", "tottime"), ("_make_ctx", "cumtime")]),
-    ("correlations q = X̃ᵀW (float64 GEMM; compiled path: float32, its bound, top-k candidates)",
-     [("_solve_batch", "tottime"), ("_compiled_inputs", "cumtime")]),
-    ("full gradients g = q − Gz (float64; float32 screened)", [("_gradient", "cumtime"),
-                                                            ("_screened_gradient", "cumtime")]),
-    ("exact re-evaluation of the screen's band", [("_exact_gradient_at", "cumtime")]),
-    ("systems: gather G_FF, Cholesky solves", [("_gather_systems", "cumtime"), ("_spd_solve", "cumtime")]),
-    ("violator selection (top-k)", [("_top_violators", "cumtime")]),
-    ("KKT checks and bookkeeping (phase A)", [("_kkt", "cumtime"), ("_phase_a", "tottime"),
-                                              ("_solve_sets", "tottime"), ("_sort_sets", "cumtime"),
-                                              ("_chunks", "cumtime")]),
-    ("compiled phase A (CPU): solve_points (and, before its inputs had their own function, the "
-     "candidates)", [("_phase_a_compiled", "cumtime"), ("_compiled_inputs", "-cumtime")]),
-    ("phases B and C (cumulative)", [("_phase_b", "cumtime"), ("_phase_c", "cumtime")]),
-    # since write_rows (2026-12-02) each worker writes its rows of the dense output inside `run`; the
-    # compiled call is invisible to cProfile, so its time is run's own
-    ("output assembly", [("collect", "cumtime"), ("run", "tottime")]),
+    ("setup: validation, the Gram cache", [("exact_codes", "tottime"), ("codes", "tottime"), ("gram", "cumtime")]),
+    ("with the Gram matrix cached: q̃, its bound, top-k candidates and the per-point kernel",
+     [("_gram_pass", "cumtime")]),
+    ("rounds: solves on the candidates (compiled)", [("_rounds", "tottime"), ("<lambda>", "cumtime")]),
+    ("rounds: screened checks of all atoms and joins", [("_check", "cumtime")]),
+    ("rounds: cold-start candidates", [("top_screened", "cumtime")]),
+    ("exact fallback (least-distance NNLS rounds)", [("_least_distance", "cumtime")]),
+    ("output assembly", [("result", "cumtime"), ("add", "cumtime")]),
 ]
 
 
@@ -242,7 +233,7 @@ def large_lines(args) -> list[str]:
         f"Large problem, ours only (one batch of the next issue's check-sae run): "
         f"N={args.large_n}, D={args.large_D}, d_z={args.large_d_z}, generating codes with "
         f"k={args.large_k} atoms per point, λ={args.large_lam}, `sparse_output=True`. Setup = "
-        "validation and the Gram matrix WᵀW (`_make_ctx`, once per call, timed inside the same "
+        "validation and the Gram cache (`CodeSolver.gram`, once per call when the Gram matrix fits its cap, timed inside the same "
         f"call by cProfile). Projection to {args.large_total} tokens in one call "
         f"(= setup + {n_batches:.0f} × (time − setup)); peak RSS of the benchmark process "
         f"{rss:.1f} GiB.\n"
@@ -272,7 +263,7 @@ def load_module(path: str):
 def versus_lines(other, label: str, W, X, b, lam, args) -> list[str]:
     """This checkout's exact codes against ``other``'s, interleaved in the same run at the default workers:
     the problem above (dense output, best of ``repeats`` rounds) and, unless --skip-large, the large
-    problem (sparse output, one CodeSolver each, so the Gram matrix is built outside the timing)."""
+    problem (sparse output, one CodeSolver each, so a Gram cache is built outside the timing)."""
     problems = [("RESULTS §3 problem", W, X, b, lam, False)]
     if not args.skip_large:
         Wl, Xl, bl, _ = make_data(args.large_D, args.large_d_z, args.large_n, args.large_k, args.noise, seed=1)

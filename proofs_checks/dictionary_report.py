@@ -51,12 +51,16 @@ def summary(result: DictionaryCheck) -> dict[str, Any]:
     }
     if result.hull is not None:
         out["hull_distance"] = {k: [_finite(x) for x in v] for k, v in result.hull.distances.items()}
-    out["atoms"] = [atom_row(result, k) for k in range(d.n_atoms)]
+    nested_in: dict[int, list[int]] = {}
+    for i, j in d.nested_pairs:
+        nested_in.setdefault(int(i), []).append(int(j))
+    dead = set(d.dead_atoms)
+    out["atoms"] = [atom_row(result, k, nested_in.get(k, []), k in dead) for k in range(d.n_atoms)]
     return out
 
 
-def atom_row(result: DictionaryCheck, k: int) -> dict[str, Any]:
-    """One row of the per-atom table."""
+def atom_row(result: DictionaryCheck, k: int, nested_in: list[int], dead: bool) -> dict[str, Any]:
+    """One row of the per-atom table (``nested_in``: the atoms j with A_k ⊆ A_j; ``dead``: A_k = ∅)."""
     d = result.diagnostics
     return {
         "atom": k, "norm_on_load": float(result.column_norms[k]), "firing_fraction": float(d.firing_fraction[k]),
@@ -64,5 +68,5 @@ def atom_row(result: DictionaryCheck, k: int) -> dict[str, Any]:
         "bias_off_mean": _finite(d.bias_off_mean[k]), "bias_target": _finite(d.bias_target[k]),
         "antipode_gain": float(d.antipode_gain[k]),
         "hull_distance": _finite(result.hull.distances["H-act-res"][k]) if result.hull is not None else None,
-        "nested_in": [j for (i, j) in d.nested_pairs if i == k], "dead": k in d.dead_atoms,
+        "nested_in": nested_in, "dead": dead,
     }

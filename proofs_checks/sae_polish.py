@@ -51,6 +51,7 @@ from dictcheck.empirics.io.safe_files import folder_lock
 from dictcheck.empirics.metrics.reconstruction import StreamingMetrics
 from dictcheck.empirics.training.encoder_fit import fit_encoder
 from dictcheck.empirics.training.loop import TrainConfig
+from dictcheck.solvers.atom_rows import AtomRows
 from dictcheck.solvers.lasso_codes import CodeSolver, exact_codes
 from dictcheck.solvers.polish import PolishResult, Sweep, polish_dictionary
 from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics
@@ -230,8 +231,8 @@ def _polish_block(inp: PolishInputs, fit: PolishResult, sweeps: list[dict[str, A
     W, b, lam = inp.W, inp.b, inp.lam
     Xs = inp.X_in[:, inp.columns]
     cos = np.sum(W * fit.W, axis=0)
-    after = stream_diagnostics(fit.W, fit.codes, fit.b, column_batches(Xs, batch_size_for(W.shape[1], Xs.shape[1])),
-                               lam, learned_bias=True, device=device).diagnostics
+    after = stream_diagnostics(AtomRows.from_columns(fit.W, device), fit.codes, fit.b,
+                               column_batches(Xs, batch_size_for(Xs.shape[1])), lam, learned_bias=True).diagnostics
     start_codes = SparseCodes.from_matrix(exact_codes(W, Xs, b, lam, tol=tol, sparse_output=True).Z)
     live_start, live_end = start_codes.mass() > 0, fit.codes.mass() > 0
     movers = np.argsort(cos, kind="stable")[:TOP_MOVERS]
@@ -445,7 +446,7 @@ def read_polish_inputs(directory: str, data: Any, settings: PolishSettings,
     (log or (lambda msg: None))(f"λ = {lam:.6g} ({source})")
     X_in = np.empty((src.dim, src.n_rows))
     norm = model.input_normalisation
-    for start, rows in src.batches(settings.batch_size or batch_size_for(W.shape[1], src.n_rows)):
+    for start, rows in src.batches(settings.batch_size or batch_size_for(src.n_rows)):
         X_in[:, start:start + rows.shape[0]] = norm.apply(torch.from_numpy(rows))[0].numpy().T
     columns, held = polish_split(src.n_rows, settings.holdout, settings.tokens)
     return PolishInputs(directory=str(directory), model=model, cfg=cfg, fmt=fmt, lam=lam, lam_source=source,

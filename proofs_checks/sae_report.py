@@ -48,6 +48,9 @@ from dictcheck.empirics.io.sae_folder import folder_names, training_architecture
 from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, checked_lambda, checked_range
 from dictcheck.proofs_checks.dictionary_report import summary
+from dictcheck.proofs_checks.sae_budget import available_memory, estimate_memory, refuse_if_too_large
+from dictcheck.solvers.atom_rows import AtomRows
+from dictcheck.solvers.decoder_geometry import ANTIPODAL_COSINE, decoder_geometry
 from dictcheck.proofs_checks.sae_polish import PolishInputs, PolishSettings, polish_report, polish_split, write_polished
 from dictcheck.solvers.devices import resolve_device
 from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
@@ -56,17 +59,28 @@ from dictcheck.solvers.lam_search import lam_for_l0
 from dictcheck.solvers.lasso_codes import CodeSolver
 from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import best_of_candidates, search_starts
-from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics
+from dictcheck.solvers.reductions import LOCAL, Reduction
+from dictcheck.solvers.stream_diagnostics import (
+    SparseCodes,
+    batch_size_for,
+    candidate_gains,
+    column_batches,
+    stream_diagnostics,
+)
 from dictcheck.theory.certificate import certified_gap
 from dictcheck.theory.objective import check_lam
 
-__all__ = ["ANTIPODAL_COSINE", "DENSE_FIRING", "SaeCheckSettings", "antipodal_pairs", "sae_report"]
+__all__ = ["ANTIPODAL_COSINE", "DENSE_FIRING", "SaeCheckSettings", "sae_report"]
 
-ANTIPODAL_COSINE = -0.9
 DENSE_FIRING = 0.5
 #: New-atom candidates (the best on the residual sample) whose gain is streamed over every token; an
 #: unrefined antipode start's gain over every token is its ``antipode_gain``, reported anyway.
 NEW_ATOM_CANDIDATES = 64
+#: Starts refined by the new-atom search (solvers.new_atom_search.search_starts' default).
+_REFINED_STARTS = 32
+#: Bytes of the encoder pass's dense (batch, d_sae) arrays at a time (pre-activations, codes, their float64
+#: copies): the encoder batch is the token batch or fewer.
+_ENCODER_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -82,7 +96,8 @@ class SaeCheckSettings:
     with the decoder frozen, the folder in the input's format, ``polish.json``), the fit as ``polish_fit`` says
     (:class:`~dictcheck.proofs_checks.sae_polish.PolishSettings`: steps, batch, lr, seed). ``tol``: relative
     KKT tolerance of the exact codes; ``warm_start``: start them from the encoder's supports (never changes
-    the codes, only the time)."""
+    the codes, only the time). ``latent_block``: atoms per block of the screened products with all atoms
+    (None: blocks of about 256 MiB of products)."""
 
     lam: float | str | None = None
     batch_size: int | None = None
@@ -101,6 +116,7 @@ class SaeCheckSettings:
     warm_start: bool = True
     device: str = "cpu"
     progress: bool = False
+    latent_block: int | None = None
 
     def __post_init__(self) -> None:
         """Every field checked before any work (ValueError, one line, naming the field and its CLI flag: the
@@ -109,7 +125,7 @@ class SaeCheckSettings:
             checked_lambda(self.lam, "lam (--lam)")
         for name in ("hull_atoms", "hull_tokens", "polish_iters", "auto_tokens", "search_tokens"):
             _count(getattr(self, name), name)
-        for name in ("batch_size", "polish_tokens"):
+        for name in ("batch_size", "polish_tokens", "latent_block"):
             if getattr(self, name) is not None:
                 _count(getattr(self, name), name)
         checked_range(self.polish_holdout, "polish_holdout (--polish-holdout)", 0.0, 1.0)
@@ -126,27 +142,17 @@ def _count(value: Any, name: str) -> int:
     return int(value)
 
 
-def antipodal_pairs(W_dec: NDArray, threshold: float = ANTIPODAL_COSINE, block: int = 2048) -> list[list[int]]:
-    """Pairs [i, j], i < j, of decoder rows with cosine below ``threshold`` (rows in blocks: memory
-    O(block·d_sae), never d_sae × d_sae)."""
-    W_dec = np.asarray(W_dec, dtype=np.float64)
-    norms = np.linalg.norm(W_dec, axis=1)
-    unit = W_dec / np.where(norms > 0, norms, 1.0)[:, None]
-    pairs: list[list[int]] = []
-    for lo in range(0, unit.shape[0], block):
-        cos = unit[lo:lo + block] @ unit.T
-        i, j = np.nonzero(cos < threshold)
-        keep = lo + i < j
-        pairs.extend([int(a), int(c)] for a, c in zip(lo + i[keep], j[keep]))
-    return sorted(pairs)
 
 
 def resolve_lam(directory: str, model: Featurizer, cfg: SaeConfig, src: RowSource, lam: float | str | None,
-                solver: CodeSolver, *, auto_tokens: int = 4096, tol: float = 1e-8) -> tuple[float, str, dict[str, Any]]:
+                solver: CodeSolver, *, auto_tokens: int = 4096, tol: float = 1e-8, reduce: Reduction = LOCAL,
+                token_range: tuple[int, int] | None = None) -> tuple[float, str, dict[str, Any]]:
     """(λ, its source, details) for ``check-sae``'s ``--lam`` (module docstring): a number is ``given``; None is the
     folder's λ of an L1 SAE (``folder``), else ``auto``; ``"auto"``: the λ at which the exact codes of the unit atoms
-    of ``solver`` are as sparse as the SAE's own codes on ``auto_tokens`` evenly spaced tokens. ValueError for an L1
-    SAE without a λ and none given, and for a λ that is not a positive finite number."""
+    of ``solver`` are as sparse as the SAE's own codes on ``auto_tokens`` evenly spaced tokens of ``src``. Over
+    several processes (``reduce``) each reads the sample's tokens in its ``token_range`` and the bisection uses the
+    whole sample's L0. ValueError for an L1 SAE without a λ and none given, and for a λ that is not a positive
+    finite number."""
     info: dict[str, Any] = {}
     if isinstance(lam, (int, float)) and not isinstance(lam, bool):
         value, source = float(lam), "given"
@@ -158,14 +164,18 @@ def resolve_lam(directory: str, model: Featurizer, cfg: SaeConfig, src: RowSourc
         elif lam is None and trained.trains_objective_1:
             raise ValueError(f"{directory}: {why}; give --lam (λ of objective (1)) or --lam auto")
         else:
-            sample = src.sample(auto_tokens)
-            z_raw = _encoder_pass(model, sample)[0]
+            lo, hi = (0, src.n_rows) if token_range is None else token_range
+            idx = src.sample_indices(auto_tokens)
+            sample = src.rows_at(idx[(idx >= lo) & (idx < hi)])
+            step = encoder_batch(max(1, sample.shape[0]), solver.atoms.n_atoms)
+            l0_count = sum(int(np.count_nonzero(_encoder_pass(model, sample[i:i + step])[0]))
+                           for i in range(0, sample.shape[0], step))
             x_in = model.input_normalisation.apply(torch.from_numpy(sample))[0].numpy().T
-            target = float(np.count_nonzero(z_raw)) / sample.shape[0]
+            target = float(reduce.sum(np.array([l0_count], dtype=np.float64))[0]) / idx.size
             b = model.b_dec.detach().double().numpy()
-            found = lam_for_l0(solver.W, x_in, b, target, tol=tol, solver=solver)
+            found = lam_for_l0(solver.atoms, x_in, b, target, tol=tol, solver=solver, reduce=reduce)
             value, source = found.lam, "auto"
-            info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(sample.shape[0]),
+            info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(idx.size),
                     "bisection_steps": found.iterations, "lam_max": found.lam_max,
                     "note": "λ at which the exact codes' mean L0 equals the SAE's on an evenly spaced sample"}
     return check_lam(value, "λ"), source, info
@@ -201,46 +211,61 @@ class _FirstPass:
     sample_cols: NDArray  # indices of the residual sample
 
 
+def encoder_batch(batch: int, d_sae: int) -> int:
+    """Tokens per encoder call: ``batch``, or fewer so its dense (tokens, d_sae) arrays stay near _ENCODER_BYTES."""
+    return int(max(1, min(batch, _ENCODER_BYTES // (32 * max(d_sae, 1)))))
+
+
 def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArray, lam: float,
-                settings: SaeCheckSettings, batch: int, log: Callable[[str], None]) -> _FirstPass:
-    """The SAE's codes and output, the metrics and the encoder's objective, streamed; then the exact codes of
-    its decoder on all tokens in one call (the Gram matrix is built once), warm-started from the encoder's
-    supports when ``settings.warm_start``."""
-    W = solver.W
-    N, D, d_z = src.n_rows, src.dim, W.shape[1]
-    x_mean = np.zeros(D)
+                settings: SaeCheckSettings, batch: int, log: Callable[[str], None],
+                timings: dict[str, float], reduce: Reduction, n_total: int, sample_cols: NDArray) -> _FirstPass:
+    """The SAE's codes and output, the metrics and the encoder's objective, streamed over this process's tokens
+    ``src`` (encoder batches sized to d_sae); then the exact codes of its decoder on them in one call,
+    warm-started from the encoder's supports when ``settings.warm_start``. Sums over tokens are combined by
+    ``reduce`` (``n_total`` tokens in all)."""
+    t = time.perf_counter()
+    atoms = solver.atoms
+    N, D, d_z = src.n_rows, src.dim, atoms.n_atoms
+    x_sum = np.zeros(D)
     for _, rows in src.batches(batch):
-        x_mean += rows.sum(axis=0)
-    metrics = StreamingMetrics(x_mean / N, d_z)
+        x_sum += rows.sum(axis=0)
+    metrics = StreamingMetrics(reduce.sum(x_sum) / n_total, d_z)
     X_in = np.empty((D, N))
     encoder_parts: list[SparseCodes] = []
     enc_sum, signed = 0.0, False
     norm = model.input_normalisation
     bar = _bar(settings.progress, N, "pass 1: SAE codes")
-    for start, rows in src.batches(batch):
+    for start, rows in src.batches(encoder_batch(batch, d_z)):
         z_raw, z_unit, x_hat = _encoder_pass(model, rows)
         x_in = norm.apply(torch.from_numpy(rows))[0].numpy().T  # (D, B), float64
         X_in[:, start:start + rows.shape[0]] = x_in
         metrics.update(rows, x_hat, z_raw)
         encoder_parts.append(SparseCodes.from_dense(np.abs(z_raw.T), offset=start))
         signed = signed or bool(np.any(z_raw < 0))
-        r_enc = x_in - b[:, None] - np.asarray(sp.csr_array(z_unit) @ W.T).T  # sparse decode (k ≪ d_z)
+        r_enc = x_in - b[:, None] - SparseCodes.from_dense(z_unit.T).decode(atoms)  # sparse decode (k ≪ d_z)
         enc_sum += float(np.sum(r_enc * r_enc) + 2.0 * lam * np.abs(z_unit).sum())
         bar.update(rows.shape[0])
     bar.close()
     encoder = SparseCodes.concatenate(encoder_parts, N, d_z)
+    parts = reduce.gather(metrics)
+    for other in parts[1:]:
+        parts[0] = parts[0].merged(other)
     try:
-        metric_values: dict[str, Any] = metrics.result()
+        metric_values: dict[str, Any] = parts[0].result()
     except ValueError as exc:  # e.g. zero-variance data: the theory checks still stand
         metric_values = {"metrics_error": str(exc)}
+    timings["encoder_pass"] = time.perf_counter() - t
+    t = time.perf_counter()
     ex = solver.codes(X_in, b, lam, tol=settings.tol, sparse_output=True, progress=settings.progress,
                       init=encoder.to_matrix() if settings.warm_start else None)
-    log(f"pass 1 done: {N} tokens, exact codes' KKT violation {ex.kkt_violation:.2e}")
-    stride = max(1, N // max(settings.search_tokens, 1))
-    return _FirstPass(codes=SparseCodes.from_matrix(ex.Z), X_in=X_in, encoder_objective_sum=enc_sum,
-                      signed=signed, l0_sae=encoder.nnz / N, firing=np.bincount(encoder.atoms, minlength=d_z) / N,
-                      kkt_violation=ex.kkt_violation, metrics=metric_values,
-                      sample_cols=np.arange(0, N, stride)[:settings.search_tokens])
+    timings["exact_codes"] = time.perf_counter() - t
+    kkt = float(reduce.max(np.array([ex.kkt_violation]))[0])
+    log(f"pass 1 done: {n_total} tokens, exact codes' KKT violation {kkt:.2e}")
+    totals = reduce.sum(np.concatenate([[enc_sum, encoder.nnz, float(signed)],
+                                        np.bincount(encoder.atoms, minlength=d_z).astype(np.float64)]))
+    return _FirstPass(codes=SparseCodes.from_matrix(ex.Z), X_in=X_in, encoder_objective_sum=float(totals[0]),
+                      signed=bool(totals[2] > 0), l0_sae=float(totals[1]) / n_total, firing=totals[3:] / n_total,
+                      kkt_violation=kkt, metrics=metric_values, sample_cols=sample_cols)
 
 
 class _NoBar:
@@ -259,13 +284,22 @@ def _bar(enabled: bool, total: int, desc: str) -> Any:
     return tqdm(total=total, unit="tok", unit_scale=True, desc=desc, dynamic_ncols=True)
 
 
+def _token_range(n: int, reduce: Reduction) -> tuple[int, int]:
+    """This process's contiguous share of n tokens: [n·r/P, n·(r+1)/P)."""
+    return n * reduce.rank // reduce.size, n * (reduce.rank + 1) // reduce.size
+
+
 def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | None = None,
-               log: Callable[[str], None] | None = None) -> dict[str, Any]:
+               log: Callable[[str], None] | None = None, reduce: Reduction = LOCAL) -> dict[str, Any]:
     """Everything ``check-sae`` reports (module docstring): the JSON object of ``check-sae --json``.
 
     ``directory``: an SAE folder, or an SAE object in memory (:func:`dictcheck.empirics.io.formats.load_any_sae`).
-
-    ``data``: an (N, D) array, an ``.npy`` path or an activation store folder, one token per row.
+    ``data``: an (N, D) array, an ``.npy`` path or an activation store folder, one token per row. With ``reduce``
+    over P processes (``check-sae --nproc P`` or torchrun) each process takes a contiguous 1/P of the tokens,
+    every sum over tokens is combined (:class:`~dictcheck.solvers.reductions.Reduction`), λ auto's bisection
+    and the samples are those of all tokens, the per-atom work is split by blocks of atoms, and the wide limit,
+    the hull distances and polishing see all tokens (gathered); every process returns the report of all
+    tokens, equal to one process's up to the order of floating-point sums.
     ValueError (one line; :class:`SaeFormatError` for the folder) for input it cannot check."""
     s = settings or SaeCheckSettings()
     say = log or (lambda msg: None)
@@ -277,93 +311,125 @@ def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | Non
     if arch.family != "sae":
         raise ValueError(f"{directory}: check-sae checks linear SAEs; architecture {model.arch!r} is a {arch.family} "
                          "featurizer")
-    src = open_rows(data)
-    if src.dim != cfg.d_in:
-        raise ValueError(f"data have D = {src.dim} columns but the SAE has d_in = {cfg.d_in}")
-    if s.polish and polish_split(src.n_rows, s.polish_holdout, s.polish_tokens)[0].size == 0:
+    src_all = open_rows(data)
+    if src_all.dim != cfg.d_in:
+        raise ValueError(f"data have D = {src_all.dim} columns but the SAE has d_in = {cfg.d_in}")
+    N = src_all.n_rows
+    if s.polish and polish_split(N, s.polish_holdout, s.polish_tokens)[0].size == 0:
         raise ValueError(f"polish_holdout (--polish-holdout) {s.polish_holdout:g} holds out every one of the "
-                         f"{src.n_rows} tokens: none is left to polish on")
-    W_dec = model.W_dec.detach().double().numpy()
-    norms = np.linalg.norm(W_dec, axis=1)
-    if np.any(norms == 0):
-        raise ValueError(f"{directory}: decoder rows {np.flatnonzero(norms == 0).tolist()[:10]} are zero; the "
-                         "dictionary cannot be normalised")
-    W = (W_dec / norms[:, None]).T  # (D, d_z) unit atoms
+                         f"{N} tokens: none is left to polish on")
+    first_token, last_token = _token_range(N, reduce)
+    src = src_all.part(first_token, last_token)
+
+    def local(idx: NDArray[np.int64]) -> NDArray[np.int64]:
+        return idx[(idx >= first_token) & (idx < last_token)] - first_token
+
+    W_dec = model.W_dec.detach().cpu().numpy()  # (d_sae, d_in) in the model's dtype, not copied
+    try:
+        atoms = AtomRows.unit_rows_of(W_dec, resolve_device(s.device))
+    except ValueError as exc:
+        raise ValueError(f"{directory}: decoder rows: {exc}") from None
+    if s.latent_block is not None:
+        atoms.block_atoms = s.latent_block
+    norms = 1.0 / atoms.scale
     b = model.b_dec.detach().double().numpy()
-    N, d_z = src.n_rows, W.shape[1]
-    batch = s.batch_size or batch_size_for(d_z, N)
-    solver = CodeSolver(W, device=resolve_device(s.device))
+    d_z = atoms.n_atoms
+    batch = s.batch_size or batch_size_for(src.n_rows)
+    estimate = estimate_memory(d_z, cfg.d_in, N if reduce.size == 1 else 2 * src.n_rows + N, W_dec.itemsize,
+                               W_dec.dtype == np.float32, batch, encoder_batch(batch, d_z), getattr(model, "k", None),
+                               s.latent_block, s.device)
+    refuse_if_too_large(estimate, available_memory(), d_sae=d_z, batch=batch, encoder_batch=encoder_batch(batch, d_z),
+                        latent_block=s.latent_block)
+    solver = CodeSolver(atoms=atoms)
+    workers = torch.get_num_threads()
     timings["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    lam, lam_source, lam_info = resolve_lam(directory, model, cfg, src, s.lam, solver, auto_tokens=s.auto_tokens,
-                                            tol=s.tol)
+    lam, lam_source, lam_info = resolve_lam(directory, model, cfg, src_all, s.lam, solver, auto_tokens=s.auto_tokens,
+                                            tol=s.tol, reduce=reduce, token_range=(first_token, last_token))
     timings["lam"] = time.perf_counter() - t
     say(f"λ = {lam:.6g} ({lam_source})")
 
-    t = time.perf_counter()
-    first = _first_pass(model, src, solver, b, lam, s, batch, say)
-    timings["pass1_codes"] = time.perf_counter() - t
+    stride = max(1, N // max(s.search_tokens, 1))
+    search_cols = np.arange(0, N, stride)[:s.search_tokens]
+    first = _first_pass(model, src, solver, b, lam, s, batch, say, timings, reduce, N, local(search_cols))
 
     t = time.perf_counter()
     cols = first.sample_cols
-    labels, U, sample_gains = search_starts(first.X_in[:, cols] - b[:, None] - first.codes.decode_points(W, cols),
-                                            lam, W)
+    streamed = stream_diagnostics(atoms, first.codes, b, column_batches(first.X_in, batch), lam, sample_points=cols,
+                                  workers=workers, reduce=reduce)
+    diag = streamed.diagnostics
+    timings["diagnostics"] = time.perf_counter() - t
+
+    t = time.perf_counter()  # new-atom starts on the residual sample; the antipodes' sample gains from the pass above
+    top = np.sort(np.argsort(-streamed.sample_antipode_gains, kind="stable")[:_REFINED_STARTS + NEW_ATOM_CANDIDATES])
+    R_sample = np.concatenate(reduce.gather(first.X_in[:, cols] - b[:, None] - first.codes.decode_points(atoms, cols)),
+                              axis=1)
+    labels, U, sample_gains = search_starts(R_sample, lam, antipodes=(top, atoms.unit_rows(top).T,
+                                                                      streamed.sample_antipode_gains[top]),
+                                            n_refine=_REFINED_STARTS)
     keep = np.sort(np.argsort(-sample_gains, kind="stable")[:NEW_ATOM_CANDIDATES])  # the rest: antipode_gain covers them
     labels, U = [labels[i] for i in keep], U[:, keep]
+    gains = candidate_gains(atoms, first.codes, b, column_batches(first.X_in, batch), lam, U, reduce=reduce)
+    search = best_of_candidates(labels, U, gains, N)
     timings["new_atom_search"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    streamed = stream_diagnostics(W, first.codes, b, column_batches(first.X_in, batch), lam, candidates=U,
-                                  device=resolve_device(s.device))
-    diag = streamed.diagnostics
-    search = best_of_candidates(labels, U, streamed.candidate_gains, N)
-    timings["diagnostics"] = time.perf_counter() - t
+    X_all = first.X_in if reduce.size == 1 else np.concatenate(reduce.gather(first.X_in), axis=1)
+    optimum = huber_median(X_all, lam).objective
+    gap = certified_gap(diag.objective, b, X_all, lam, learned_bias=False)
+    timings["wide_limit"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    optimum = huber_median(first.X_in, lam).objective
-    gap = certified_gap(diag.objective, b, first.X_in, lam, learned_bias=False)
-    timings["wide_limit"] = time.perf_counter() - t
+    geometry = decoder_geometry(atoms, ANTIPODAL_COSINE, workers=workers, reduce=reduce)
+    timings["decoder_geometry"] = time.perf_counter() - t
 
     hull = None
     if s.hull:  # the QPs of docs/theory.md §8 Q1: on the atoms where (5) is violated most, on a token sample
         t = time.perf_counter()
-        cols = np.unique(np.linspace(0, N - 1, min(N, s.hull_tokens)).round().astype(np.int64))
-        atoms = np.argsort(-np.nan_to_num(diag.hull_per_atom, nan=-1.0), kind="stable")[:s.hull_atoms]
-        hull = hull_candidate_distances(W, first.codes.to_dense_points(cols), b, first.X_in[:, cols], lam,
-                                        tau_act=diag.tau_act, atoms=atoms)
+        hull_cols = np.unique(np.linspace(0, N - 1, min(N, s.hull_tokens)).round().astype(np.int64))
+        worst = np.argsort(-np.nan_to_num(diag.hull_per_atom, nan=-1.0), kind="stable")[:s.hull_atoms]
+        Z_hull = np.concatenate(reduce.gather(first.codes.to_dense_points(local(hull_cols))), axis=1)
+        hull = hull_candidate_distances(atoms.columns(), Z_hull, b, X_all[:, hull_cols], lam, tau_act=diag.tau_act,
+                                        atoms=worst)
         timings["hull"] = time.perf_counter() - t
 
+    t = time.perf_counter()
     report = summary(DictionaryCheck(
-        W=W, column_norms=norms, renormalised=bool(np.any(np.abs(norms - 1) > UNIT_NORM_RTOL)), b=b,
+        W=atoms, column_norms=norms, renormalised=bool(np.any(np.abs(norms - 1) > UNIT_NORM_RTOL)), b=b,
         bias_mode="b_dec", codes_kkt_violation=first.kkt_violation, diagnostics=diag, best_new_atom=search,
         hull=hull, wide_gap=diag.objective - optimum, certified_gap=gap.certified_gap,
         seconds=time.perf_counter() - t0))
     encoder_objective = first.encoder_objective_sum / N
     report.update(
-        **folder_names(cfg, model.arch), format=fmt, d_in=cfg.d_in, d_sae=cfg.d_sae, n_tokens=N, data=src.name,
+        **folder_names(cfg, model.arch), format=fmt, d_in=cfg.d_in, d_sae=cfg.d_sae, n_tokens=N, data=src_all.name,
         lam=lam, lam_source=lam_source, lam_details=lam_info,
-        l0_sae=first.l0_sae, l0_exact=first.codes.nnz / N,
+        l0_sae=first.l0_sae, l0_exact=float(reduce.sum(np.array([first.codes.nnz], dtype=np.float64))[0]) / N,
         signed_codes=first.signed,
         encoder_objective=None if first.signed else encoder_objective,
         amortisation_gap=None if first.signed else encoder_objective - diag.objective,
         encoder_firing_fraction=first.firing.tolist(),
         dense_latents=[int(d) for d in np.flatnonzero(first.firing > DENSE_FIRING)],
-        antipodal_pairs=antipodal_pairs(W_dec),
+        antipodal_pairs=geometry.pairs.tolist(),
         metrics=first.metrics,
         normalisation=model.input_normalisation.mode,
         notes=[n for n in (model.input_normalisation.note,) if n],
     )
-    if s.polish:
+    report["n_processes"] = reduce.size
+    timings["report"] = time.perf_counter() - t
+    if s.polish:  # on the first process, with every token; the others wait for its result
         t = time.perf_counter()
         columns, held_out = polish_split(N, s.polish_holdout, s.polish_tokens)
         n_polish = int(columns.size)
-        inputs = PolishInputs(directory=str(directory), model=model, cfg=cfg, fmt=fmt, lam=lam, lam_source=lam_source,
-                              lam_details=lam_info, src=src, X_in=first.X_in, columns=columns, held_out=held_out)
-        report["polish"], fit = polish_report(inputs, max_sweeps=s.polish_iters, tol=s.tol, device=str(resolve_device(s.device)), log=say)
-        if s.polish_out is not None:
-            write_polished(s.polish_out, inputs, report["polish"], fit, s.polish_fit, log=say)
-            report["polish"]["folder"] = str(s.polish_out)
+        if reduce.rank == 0:  # on the first process, with every token; the others wait for its result
+            inputs = PolishInputs(directory=str(directory), model=model, cfg=cfg, fmt=fmt, lam=lam,
+                                  lam_source=lam_source, lam_details=lam_info, src=src_all, X_in=X_all, columns=columns,
+                                  held_out=held_out)
+            block, fit = polish_report(inputs, max_sweeps=s.polish_iters, tol=s.tol, device=str(resolve_device(s.device)), log=say)
+            if s.polish_out is not None:
+                write_polished(s.polish_out, inputs, block, fit, s.polish_fit, log=say)
+                block["folder"] = str(s.polish_out)
+        report["polish"] = reduce.gather(block if reduce.rank == 0 else None)[0]
         if n_polish < 4 * d_z:
             report["notes"].append(f"polishing used {n_polish} tokens for {d_z} atoms: with fewer than ~4 tokens per "
                                    "atom, atoms can specialise to single tokens, so the polished point overfits")

@@ -17,6 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import minimize
 
 from dictcheck.solvers.hull_distance import HullCandidateDistances, hull_candidate_distances
+from dictcheck.solvers.atom_rows import AtomRows
 from dictcheck.solvers.lasso_codes import ExactCodes, exact_codes
 from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import NewAtomSearchResult, best_new_atom
@@ -135,8 +136,8 @@ def check_dictionary(
     sparse = SparseCodes.from_matrix(codes.Z)
     R = centred(X, bias) - sparse.decode(W_unit)
     search = best_new_atom(R, lam, W_unit)
-    diag = stream_diagnostics(W_unit, sparse, bias, column_batches(X, batch_size_for(W.shape[1], X.shape[1])), lam,
-                              learned_bias=learn, device=device).diagnostics
+    diag = stream_diagnostics(AtomRows.from_columns(W_unit, device), sparse, bias,
+                              column_batches(X, batch_size_for(X.shape[1])), lam, learned_bias=learn).diagnostics
     hull = (hull_candidate_distances(W_unit, sparse.to_dense(), bias, X, lam, tau_act=diag.tau_act)
             if hull_candidates else None)
     optimum = huber_median(X, lam).objective

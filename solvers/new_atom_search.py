@@ -120,21 +120,34 @@ def search_starts(
     lam: float,
     W: NDArray | None = None,
     *,
+    antipodes: tuple[NDArray, NDArray, NDArray] | None = None,
     n_residual_starts: int = 8,
     n_eigen: int = 3,
     n_steps: int = 25,
     n_refine: int = 32,
 ) -> tuple[list[str], NDArray[np.float64], NDArray[np.float64]]:
     """The starts of the module docstring on residuals R (D, N), the ``n_refine`` best of them refined:
-    (labels, unit atoms (D, S) after refinement where refined, their gains on R (sums))."""
+    (labels, unit atoms (D, S) after refinement where refined, their gains on R (sums)).
+
+    The antipode starts come from W (D, d_z) (all atoms, their gains on R computed here), or, for a wide
+    dictionary, from ``antipodes`` = (atom indices, unit atoms (D, k), their gains on R, computed by the
+    caller): give at least the n_refine + (the caller's number of kept candidates) atoms of largest gain, which
+    leaves the refined starts and every start the caller keeps as if all d_z antipodes had been given."""
     R = np.asarray(R, dtype=np.float64)
     D = R.shape[0]
     starts: list[tuple[str, NDArray]] = []
+    known: list[float] = []
     if W is not None:
         W = np.asarray(W, dtype=np.float64)
         norms = np.linalg.norm(W, axis=0)
         for d in np.flatnonzero(norms > 0):
             starts.append((f"antipode[{d}]", -W[:, d] / norms[d]))
+    elif antipodes is not None:
+        idx, A, g = antipodes
+        for t, d in enumerate(idx):
+            starts.append((f"antipode[{int(d)}]", -A[:, t]))
+        known = [float(v) for v in g]
+    n_known = len(known)
     rnorm = np.linalg.norm(R, axis=0)
     order = np.argsort(-rnorm, kind="stable")[: max(n_residual_starts, 0)]
     for i in order:
@@ -147,7 +160,9 @@ def search_starts(
     if not starts:
         return [], np.zeros((D, 0)), np.zeros(0)
     U = np.stack([u0 for _, u0 in starts], axis=1)
-    gains, _ = _gains_and_steps(U, R, lam, max(1, 2**24 // U.shape[1]))  # (S, chunk) blocks of ≤ 128 MB
+    gains = np.empty(U.shape[1])
+    gains[:n_known] = known
+    gains[n_known:], _ = _gains_and_steps(U[:, n_known:], R, lam, max(1, 2**24 // max(U.shape[1], 1)))
     chosen = np.argsort(-gains, kind="stable")[: max(n_refine, 1)]
     U[:, chosen], gains[chosen] = refine_atoms(U[:, chosen], R, lam, n_steps=n_steps)
     return [label for label, _ in starts], U, gains

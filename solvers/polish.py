@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -89,6 +90,45 @@ def exact_code_objective(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, t
     return _objective(R, codes, lam)
 
 
+@nb.njit(cache=True, nogil=True)
+def _atom_sweep(W, R, bounds, points, values):
+    """Step 2 of the module docstring for every atom in turn (Gauss–Seidel), in place: atom d (row d of W) with
+    the entries bounds[d] … bounds[d + 1] − 1 of (points, values): e_i = r_i + w_d z_di, w_d ← Σ_i z_di e_i
+    normalised (kept when that sum is 0), r_i ← e_i − w_d z_di; R holds the residuals as rows."""
+    D = W.shape[1]
+    v = np.empty(D)
+    for d in range(W.shape[0]):
+        lo, hi = bounds[d], bounds[d + 1]
+        if lo == hi:
+            continue
+        w = W[d]
+        zz = 0.0
+        for t in range(lo, hi):
+            zz += values[t] * values[t]
+        for j in range(D):
+            v[j] = w[j] * zz
+        for t in range(lo, hi):
+            z = values[t]
+            r = R[points[t]]
+            for j in range(D):
+                v[j] += z * r[j]
+        norm = 0.0
+        for j in range(D):
+            norm += v[j] * v[j]
+        norm = np.sqrt(norm)
+        if norm == 0.0:
+            continue
+        for j in range(D):
+            v[j] /= norm
+        for t in range(lo, hi):
+            z = values[t]
+            r = R[points[t]]
+            for j in range(D):
+                r[j] += z * (w[j] - v[j])
+        for j in range(D):
+            w[j] = v[j]
+
+
 def polish_dictionary(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, *, learn_bias: bool = True,
                       max_iter: int = 2000, step_tol: float = 1e-10, tol: float = 1e-10,
                       on_sweep: Callable[[int, float, float], None] | None = None,
@@ -120,17 +160,13 @@ def polish_dictionary(W: ArrayLike, b: ArrayLike, X: ArrayLike, lam: float, *, l
     it = 0
     for it in range(1, max_iter + 1):
         W_prev, b_prev = W.copy(), b.copy()
-        order = np.argsort(codes.atoms, kind="stable")
+        order = np.lexsort((codes.points, codes.atoms))
         bounds = np.searchsorted(codes.atoms[order], np.arange(W.shape[1] + 1))
-        for d in range(W.shape[1]):
-            sel = order[bounds[d]:bounds[d + 1]]
-            if sel.size == 0:
-                continue
-            pts, z = codes.points[sel], codes.values[sel]
-            E = R[:, pts] + np.outer(W[:, d], z)
-            v = E @ z
-            W[:, d] = v / np.linalg.norm(v)
-            R[:, pts] = E - np.outer(W[:, d], z)
+        Rt = np.ascontiguousarray(R.T)
+        Wt = np.ascontiguousarray(W.T)
+        _atom_sweep(Wt, Rt, bounds, codes.points[order], codes.values[order])
+        np.copyto(W, Wt.T)
+        np.copyto(R, Rt.T)
         if learn_bias:
             shift = R.mean(axis=1)
             b = b + shift

@@ -1,40 +1,42 @@
 """The §3/§6 diagnostics of a dictionary, streamed over the points in batches (docs/theory.md §3, §6).
 
 :func:`dictcheck.theory.diagnostics.dictionary_diagnostics` is the reference: it holds R, Φ = ŴᵀR/λ and
-Z as dense (·, N) matrices and the cosine matrix as (d_z, d_z). At real sizes (d_z = 16 384 atoms,
-N = 10⁵ points) those are tens of GB. :func:`stream_diagnostics` computes the same numbers from
-sums over the points, reading the data one batch of columns at a time and keeping only
+Z as dense (·, N) matrices and the cosine matrix as (d_z, d_z). At real sizes (d_z = 131 072 atoms,
+N = 10⁵ points) those are terabytes. :func:`stream_diagnostics` computes the same numbers reading the data
+one batch of points at a time, with memory that grows like d_z·D (the atoms, as stored rows:
+:class:`~dictcheck.solvers.atom_rows.AtomRows`) plus n_live·D (one accumulator row per live atom) and the
+codes (O(nnz)); no (d_z, N), (d_z, B) or (d_z, d_z) array is formed:
 
-* the codes in coordinate form (:class:`SparseCodes`, O(nnz)),
-* (D, d_z) accumulators Σ_i z_di r_i and Σ_{i∈A_d} z_di r_i, and O(d_z) per-atom sums and maxima.
+* residuals r_i = x̃_i − Σ_d z_di w_d per batch, from the sparse codes;
+* Φ never whole: the screened products of :func:`~dictcheck.solvers.atom_rows.screen_pairs` give, for each
+  point, every atom whose φ_id may exceed 1 (KKT-z), may lie below −1 (the antipode gain
+  λ²Σ_i (−φ_id − 1)₊²), and may attain the largest φ_id among the atoms not active at i ((5′) min summand),
+  and those entries are re-evaluated in float64; the entries on the active sets are evaluated exactly;
+* the bias identity (4) uses Σ_{i∉A_d} φ_id = ŵ_dᵀ(Σ_i r_i)/λ − Σ_{i∈A_d} φ_id;
+* S1 and R2 use m_d = Σ_i π_di r_i/λ = (Σ_i z_di r_i)/(λ‖z_d·‖₁), and identity (5) the same sum over A_d;
+  ``hull_per_atom[d]`` = ‖Ŵᵀ(ŵ_d − that)‖_∞ and (5′) ``hull_prime_per_atom[j]`` = ‖Ŵᵀ(ŵ_j − m_j)‖_∞ are
+  exact maxima over all atoms from the screened products of those vectors (blocks of live atoms);
+* nested pairs A_d ⊆ A_j from the co-occurrence of supports: the candidates of d are the atoms active at its
+  first point, intersected with the supports of its other points (O(nnz·L0), never a d_z² bitset).
 
-Every quantity below is a sum, a maximum or a minimum over points, so batching changes nothing but
-the order of floating-point additions (tests compare with the reference to 1e-12):
-
-* S1 and R2 use m_d = Σ_i π_di r_i/λ = (Σ_i z_di r_i)/(λ‖z_d·‖₁);
-* identity (5): Σ_{i∈A_d} π_di φ_i = Ŵᵀ(Σ_{i∈A_d} z_di r_i)/(λ‖z_d·‖₁), so ``hull_per_atom[d]`` =
-  ‖Ŵᵀ(ŵ_d − that)‖_∞, and (5′): column j of M = ΦΠᵀ is Ŵᵀm_j, so ``hull_prime_per_atom[j]`` =
-  ‖Ŵᵀ(ŵ_j − m_j)‖_∞; both are evaluated at the end in column blocks of Ŵᵀ (never d_z × d_z at once);
-* (5′) min summand: for point i the smallest π_ji(1 − φ_id) over j ∈ S_i, d ∉ S_i is a_i·max_j π_ji
-  when a_i = min_{d∉S_i}(1 − φ_id) < 0, else a_i·min_j π_ji;
-* nested pairs A_d ⊆ A_j: a bitset per atom, AND-ed over the supports of the points where it is active.
-
-The activity threshold τ_act = 10⁻⁶·max z (docs/theory.md §1) needs the global maximum, which the
-codes give before the data are read. torch float64 on ``device`` (CUDA when asked).
+Every quantity is a sum, maximum or minimum over points, so batching changes nothing but the order of
+floating-point additions (tests compare with the reference to 1e-12). The activity threshold
+τ_act = 10⁻⁶·max z (docs/theory.md §1) comes from the codes before the data are read.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
 import scipy.sparse as sp
-import torch
 from numpy.typing import ArrayLike, NDArray
 
+from dictcheck.solvers.atom_rows import AtomRows, atom_max_products, exact_products, screen_pairs
+from dictcheck.solvers.reductions import LOCAL, Reduction
 from dictcheck.theory.diagnostics import (
     ACTIVITY_RTOL,
     DiagnosticTolerances,
@@ -42,13 +44,12 @@ from dictcheck.theory.diagnostics import (
     unit_atom_norm_check,
 )
 
-__all__ = ["SparseCodes", "StreamedDiagnostics", "stream_diagnostics", "nested_pairs_of_codes", "batch_size_for",
-           "column_batches"]
+__all__ = ["SparseCodes", "StreamedDiagnostics", "stream_diagnostics", "candidate_gains", "nested_pairs_of_codes",
+           "batch_size_for", "column_batches"]
 
-#: Column blocks of Ŵᵀ in the end-of-stream products (memory: D·d_z + d_z·block floats).
-_BLOCK = 2048
 #: A cosine matrix is returned only up to this many atoms (d_z² floats).
 COSINES_MAX_ATOMS = 4096
+_JIT = dict(cache=True, nogil=True)
 
 
 @dataclass(frozen=True)
@@ -129,94 +130,142 @@ class SparseCodes:
         Z[self.atoms[keep], np.searchsorted(points, self.points[keep])] = self.values[keep]
         return Z
 
-    def decode_points(self, W: NDArray, points: NDArray) -> NDArray[np.float64]:
+    def decode_points(self, W: NDArray | AtomRows, points: NDArray) -> NDArray[np.float64]:
         """W Z for the given sorted point indices, (D, len(points))."""
         points = np.asarray(points, dtype=np.int64)
         keep = np.isin(self.points, points)
-        rows = np.searchsorted(points, self.points[keep])
-        Zs = sp.csr_array((self.values[keep], (rows, self.atoms[keep])), shape=(points.size, self.n_atoms))
-        return np.asarray((Zs @ np.asarray(W, dtype=np.float64).T).T)
+        return _decode(W, np.searchsorted(points, self.points[keep]), self.atoms[keep], self.values[keep],
+                       points.size).T
 
-    def decode(self, W: NDArray, start: int = 0, stop: int | None = None) -> NDArray[np.float64]:
+    def decode(self, W: NDArray | AtomRows, start: int = 0, stop: int | None = None) -> NDArray[np.float64]:
         """W Z for points start … stop − 1, (D, stop − start), without forming the dense codes."""
         stop = self.n_points if stop is None else stop
         s = self.range_slice(start, stop)
-        Zs = sp.csr_array((self.values[s], (self.points[s] - start, self.atoms[s])), shape=(stop - start, self.n_atoms))
-        return np.asarray((Zs @ np.asarray(W, dtype=np.float64).T).T)
+        return _decode(W, self.points[s] - start, self.atoms[s], self.values[s], stop - start).T
 
 
-def batch_size_for(n_atoms: int, n_points: int, budget_bytes: float = 512e6) -> int:
-    """Points per batch so that the (d_z, B) float64 blocks of a batch (codes, Φ, masks) fit ``budget``."""
-    return int(max(1, min(n_points, budget_bytes // (4 * 8 * max(n_atoms, 1)))))
+def _decode(W: NDArray | AtomRows, rows: NDArray[np.int64], atoms: NDArray[np.int64], values: NDArray[np.float64],
+            n: int) -> NDArray[np.float64]:
+    """Σ_k values[k] w_{atoms[k]} into row rows[k] of an (n, D) array, reading only the atoms used."""
+    used, local = np.unique(atoms, return_inverse=True)
+    Wu = W.unit_rows(used) if isinstance(W, AtomRows) else np.asarray(W, dtype=np.float64)[:, used].T
+    Z = sp.csr_array((values, (rows, local)), shape=(n, used.size))
+    return np.asarray(Z @ Wu) if used.size else np.zeros((n, Wu.shape[1]))
 
 
-def nested_pairs_of_codes(codes: SparseCodes, tau: float, chunk_points: int = 512) -> list[tuple[int, int]]:
-    """All (d, j), d ≠ j, with A_d ≠ ∅ and A_d ⊆ A_j, where A_d = {i : z_di > τ} (docs/theory.md §3 S4).
+#: Points per batch of the streamed passes (their (B, D) residuals; the screened products run in blocks of
+#: atoms of their own size).
+STREAM_BATCH = 4096
 
-    One bitset of candidate j per atom d, AND-ed with the support of every point where d is active:
-    O(nnz·d_z/64) word operations and d_z²/8 bytes."""
+
+def batch_size_for(n_points: int) -> int:
+    """Points per batch for the streamed passes: :data:`STREAM_BATCH`, or all of them when fewer."""
+    return int(max(1, min(n_points, STREAM_BATCH)))
+
+
+@nb.njit(**_JIT)
+def _nested_pairs(starts, points, atoms, sup_start, sup_atoms, live):
+    """(d, j) with A_d ⊆ A_j, d ≠ j: atoms grouped by atom (starts, points) and supports grouped by point
+    (sup_start, sup_atoms, sorted); each d's candidates are the support of its first point, intersected with
+    the supports of the others."""
+    out_d = []
+    out_j = []
+    cand = np.empty(sup_atoms.shape[0] if sup_atoms.shape[0] else 1, np.int64)
+    for d in range(starts.shape[0] - 1):
+        lo, hi = starts[d], starts[d + 1]
+        if lo == hi or not live[d]:
+            continue
+        p0 = points[lo]
+        nc = 0
+        for t in range(sup_start[p0], sup_start[p0 + 1]):
+            if sup_atoms[t] != d:
+                cand[nc] = sup_atoms[t]
+                nc += 1
+        for u in range(lo + 1, hi):
+            if nc == 0:
+                break
+            p = points[u]
+            a, b = sup_start[p], sup_start[p + 1]
+            m = 0
+            c = 0
+            while c < nc and a < b:  # both sorted: merge
+                if cand[c] == sup_atoms[a]:
+                    cand[m] = cand[c]
+                    m += 1
+                    c += 1
+                    a += 1
+                elif cand[c] < sup_atoms[a]:
+                    c += 1
+                else:
+                    a += 1
+            nc = m
+        for c in range(nc):
+            out_d.append(d)
+            out_j.append(cand[c])
+    return out_d, out_j
+
+
+def _agreed_nested_pairs(codes: SparseCodes, tau: float, reduce: Reduction) -> list[tuple[int, int]]:
+    """:func:`nested_pairs_of_codes` of all processes' points: A_d ⊆ A_j holds for the union of the points when
+    it holds on every process where A_d has a point, so a pair is kept when each of those processes has it."""
+    local = nested_pairs_of_codes(codes, tau)
+    if reduce.size == 1:
+        return local
     d_z = codes.n_atoms
-    words = (d_z + 63) // 64
-    cand = np.full((d_z, words), np.uint64(0xFFFFFFFFFFFFFFFF), dtype=np.uint64)
+    live = np.zeros(d_z, dtype=np.int64)
+    live[codes.atoms[codes.values > tau]] = 1
+    parts = reduce.gather(np.array(local, dtype=np.int64).reshape(-1, 2))
+    need = reduce.sum(live)
+    keys, counts = np.unique(np.concatenate([p[:, 0] * d_z + p[:, 1] for p in parts]), return_counts=True)
+    d = keys // d_z
+    keep = counts == need[d]
+    return sorted(zip((d[keep]).tolist(), (keys[keep] % d_z).tolist()))
+
+
+def nested_pairs_of_codes(codes: SparseCodes, tau: float) -> list[tuple[int, int]]:
+    """All (d, j), d ≠ j, with A_d ≠ ∅ and A_d ⊆ A_j, where A_d = {i : z_di > τ} (docs/theory.md §3 S4), from
+    the co-occurrence of supports: O(nnz·L0) time, O(nnz) memory."""
     keep = codes.values > tau
     pts, ats = codes.points[keep], codes.atoms[keep]
-    live = np.zeros(d_z, dtype=bool)
+    d_z, N = codes.n_atoms, codes.n_points
+    by_atom = np.lexsort((pts, ats))
+    starts = np.searchsorted(ats[by_atom], np.arange(d_z + 1))
+    by_point = np.lexsort((ats, pts))
+    sup_start = np.searchsorted(pts[by_point], np.arange(N + 1))
+    live = np.zeros(d_z, dtype=np.bool_)
     live[ats] = True
-    bit = np.left_shift(np.uint64(1), (ats & 63).astype(np.uint64))
-    bounds = np.searchsorted(pts, np.arange(0, codes.n_points + chunk_points, chunk_points))
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        if lo == hi:
-            continue
-        p, a, w = pts[lo:hi], ats[lo:hi], bit[lo:hi]
-        uniq, local = np.unique(p, return_inverse=True)
-        masks = np.zeros((uniq.size, words), dtype=np.uint64)
-        np.bitwise_or.at(masks, (local, a >> 6), w)
-        order = np.argsort(a, kind="stable")
-        a_sorted = a[order]
-        starts = np.flatnonzero(np.r_[True, a_sorted[1:] != a_sorted[:-1]])
-        reduced = np.bitwise_and.reduceat(masks[local[order]], starts, axis=0)
-        cand[a_sorted[starts]] &= reduced
-    pairs: list[tuple[int, int]] = []
-    live_idx = np.flatnonzero(live)
-    for lo in range(0, live_idx.size, 1024):
-        rows = live_idx[lo:lo + 1024]
-        bits = np.unpackbits(cand[rows].view(np.uint8), axis=1, bitorder="little")[:, :d_z].astype(bool)
-        bits[np.arange(rows.size), rows] = False
-        r, j = np.nonzero(bits)
-        pairs.extend(zip(rows[r].tolist(), j.tolist()))
-    return sorted(pairs)
+    d, j = _nested_pairs(starts, pts[by_atom], ats[by_atom], sup_start, ats[by_point], live)
+    return sorted(zip([int(v) for v in d], [int(v) for v in j]))
 
 
 @dataclass(frozen=True, eq=False)
 class StreamedDiagnostics:
-    """The reference diagnostics (``cosines`` empty above :data:`COSINES_MAX_ATOMS` atoms) and, for each
-    candidate new atom u given, gain(u) = Σ_i (uᵀr_i − λ)₊² over all points (docs/theory.md §3 S6)."""
+    """The reference diagnostics (``cosines`` empty above :data:`COSINES_MAX_ATOMS` atoms), for each candidate
+    new atom u given, gain(u) = Σ_i (uᵀr_i − λ)₊² over all points (docs/theory.md §3 S6), and, when sample
+    points were named, the antipode gains restricted to them (sums, not means)."""
 
     diagnostics: DictionaryDiagnostics
     candidate_gains: NDArray[np.float64]
+    sample_antipode_gains: NDArray[np.float64]
 
 
-def _csr(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """A sparse CSR matrix from distinct coordinates, for fast sparse × dense products."""
-    order = torch.argsort(rows, stable=True)
-    crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
-    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0)
-    with warnings.catch_warnings():  # "sparse CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, cols[order], vals[order], shape, check_invariants=False)
+def _as_atoms(W: ArrayLike | AtomRows) -> AtomRows:
+    return W if isinstance(W, AtomRows) else AtomRows.from_columns(np.asarray(W, dtype=np.float64))
 
 
-def _column_blocks_max(W: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    """max_k |(Wᵀ V)_kd| per column d, in column blocks (never the full d_z × d_z product)."""
-    out = torch.empty(V.shape[1], dtype=V.dtype, device=V.device)
-    for lo in range(0, V.shape[1], _BLOCK):
-        block = W.T @ V[:, lo:lo + _BLOCK]
-        out[lo:lo + _BLOCK] = block.abs().amax(dim=0) if block.numel() else 0.0
-    return out
+def _batch_residuals(atoms: AtomRows, codes: SparseCodes, b: NDArray, start: int, Xb: NDArray
+                     ) -> tuple[NDArray[np.float64], slice]:
+    """Rows r_i = x_i − b − Σ_d z_di w_d (B, D) of the batch's points, and its slice of the codes."""
+    B = Xb.shape[1]
+    sl = codes.range_slice(start, start + B)
+    R = np.asarray(Xb, dtype=np.float64).T - b
+    if sl.stop > sl.start:
+        R = R - _decode(atoms, codes.points[sl] - start, codes.atoms[sl], codes.values[sl], B)
+    return np.ascontiguousarray(R), sl
 
 
 def stream_diagnostics(
-    W: ArrayLike,
+    W: ArrayLike | AtomRows,
     codes: SparseCodes,
     b: ArrayLike,
     batches: Iterable[tuple[int, NDArray]],
@@ -226,155 +275,271 @@ def stream_diagnostics(
     learned_bias: bool = False,
     tolerances: DiagnosticTolerances | None = None,
     candidates: ArrayLike | None = None,
-    device: str | torch.device = "cpu",
+    sample_points: ArrayLike | None = None,
+    workers: int = 1,
+    reduce: Reduction = LOCAL,
 ) -> StreamedDiagnostics:
-    """Every §3/§6 diagnostic of unit atoms W (D, d_z) with the given codes and bias on the points that
-    ``batches`` yields as (first point index, (D, B) columns), in order, covering 0 … N − 1.
+    """Every §3/§6 diagnostic of unit atoms W ((D, d_z) columns, or :class:`AtomRows`) with the given codes and
+    bias on the points that ``batches`` yields as (first point index, (D, B) columns), in order, covering
+    0 … N − 1 (module docstring).
 
-    Equal to :func:`dictcheck.theory.diagnostics.dictionary_diagnostics` (same verdict, same tolerances)
-    up to the order of floating-point sums. ``candidates`` (D, S) unit columns get their exact gain over
-    all points. ValueError for bad shapes, a zero λ, or batches that do not cover the points in order.
+    Equal to :func:`dictcheck.theory.diagnostics.dictionary_diagnostics` (same verdict, same tolerances) up to
+    the order of floating-point sums. ``candidates`` (D, S) unit columns get their exact gain over all points;
+    ``sample_points`` (sorted indices) get their own antipode gains. ValueError for bad shapes, a zero λ, or
+    batches that do not cover the points in order.
+
+    With ``reduce`` over P processes, each holds the codes and batches of its own points (indices local to it)
+    and every sum, maximum and minimum is combined over the processes (the masses and τ_act before the pass,
+    the per-point sums after it; the per-atom conditions are split over the processes by blocks of atoms and
+    gathered; nested pairs keep a pair that every process where the atom is active has): every process
+    returns the diagnostics of all points, equal to one process's up to the order of the sums.
     """
     if not lam > 0:
         raise ValueError(f"lam must be > 0, got {lam}")
     tol = tolerances or DiagnosticTolerances()
-    W_np = np.asarray(W, dtype=np.float64)
-    D, d_z = W_np.shape
+    atoms = _as_atoms(W)
+    D, d_z = atoms.dim, atoms.n_atoms
     if codes.n_atoms != d_z:
         raise ValueError(f"codes have {codes.n_atoms} atoms, the dictionary {d_z}")
-    unit_atom_norm_check(W_np, (codes.mass() != 0)[:, None])
     if codes.values.size and codes.values.min() < 0:
         raise ValueError("codes must be non-negative (objective (1))")
-    N = codes.n_points
+    mass = reduce.sum(codes.mass())
+    _check_unit_atoms(atoms, mass)
+    N_local = codes.n_points
+    N = int(reduce.sum(np.array([N_local], dtype=np.int64))[0])
     if N == 0:
         raise ValueError("no data points")
-    dev = torch.device(device)
-    f64 = torch.float64
-    Wt = torch.as_tensor(W_np, dtype=f64, device=dev)
-    bt = torch.as_tensor(np.asarray(b, dtype=np.float64).reshape(-1), device=dev)
-    U = None if candidates is None else torch.as_tensor(np.asarray(candidates, dtype=np.float64), device=dev)
-    tau = ACTIVITY_RTOL * codes.max_value() if tau_act is None else float(tau_act)
-    mass_np = codes.mass()
-    mass = torch.as_tensor(mass_np, dtype=f64, device=dev)
+    bv = np.asarray(b, dtype=np.float64).reshape(-1)
+    U = None if candidates is None else np.asarray(candidates, dtype=np.float64)
+    sample = np.zeros(0, np.int64) if sample_points is None else np.asarray(sample_points, dtype=np.int64)
+    max_z = float(reduce.max(np.array([codes.max_value()]))[0])
+    tau = ACTIVITY_RTOL * max_z if tau_act is None else float(tau_act)
+    on_all = codes.values > tau
+    n_on = reduce.sum(np.bincount(codes.atoms[on_all], minlength=d_z).astype(np.float64))
+    live = n_on > 0
+    live_idx = np.full(d_z, -1, np.int64)
+    live_idx[live] = np.arange(int(live.sum()))
+    inv_mass = np.where(mass > 0, 1.0 / np.where(mass > 0, mass, 1.0), 0.0)
 
-    sum_sq = torch.zeros((), dtype=f64, device=dev)
-    max_rnorm = torch.zeros((), dtype=f64, device=dev)
-    sum_r = torch.zeros(D, dtype=f64, device=dev)
-    szr_t = torch.zeros((d_z, D), dtype=f64, device=dev)  # row d: Σ_i z_di r_i
-    szr_act_t = torch.zeros((d_z, D), dtype=f64, device=dev)  # row d: Σ_{i∈A_d} z_di r_i
-    n_on = torch.zeros(d_z, dtype=f64, device=dev)
-    off_sum = torch.zeros(d_z, dtype=f64, device=dev)
-    kkt = torch.zeros(d_z, dtype=f64, device=dev)
-    antipode = torch.zeros(d_z, dtype=f64, device=dev)
-    gains = torch.zeros(0 if U is None else U.shape[1], dtype=f64, device=dev)
+    szr = np.zeros((int(live.sum()), D))  # row live_idx[d]: Σ_i z_di r_i
+    below: list[tuple[NDArray[np.int64], NDArray[np.float64]]] = []  # Σ over entries 0 < z ≤ τ of live atoms
+    sum_sq = max_rnorm = 0.0
+    sum_r = np.zeros(D)
+    on_phi_sum = np.zeros(d_z)
+    kkt = np.zeros(d_z)
+    antipode = np.zeros(d_z)
+    sample_antipode = np.zeros(d_z)
+    gains = np.zeros(0 if U is None else U.shape[1])
     prime_min = math.inf
-    inv_mass = torch.where(mass > 0, 1.0 / torch.where(mass > 0, mass, 1.0), torch.zeros_like(mass))
-
     seen = 0
     for start, Xb in batches:
-        Xb = torch.as_tensor(np.asarray(Xb, dtype=np.float64), device=dev)
         B = Xb.shape[1]
         if start != seen or Xb.shape[0] != D:
             raise ValueError(f"batches must cover the points in order with D = {D} rows: got points from {start} "
                              f"(expected {seen}) with {Xb.shape[0]} rows")
-        sl = codes.range_slice(start, start + B)
-        pts = torch.as_tensor(codes.points[sl] - start, device=dev)
-        ats = torch.as_tensor(codes.atoms[sl], device=dev)
-        vals = torch.as_tensor(codes.values[sl], dtype=f64, device=dev)
+        R, sl = _batch_residuals(atoms, codes, bv, start, Xb)
+        pts, ats, vals = codes.points[sl] - start, codes.atoms[sl], codes.values[sl]
         on = vals > tau
-        # R = X̃ − WZ and the sums Σ_i z_di r_i as sparse (CSR) products with the batch's entries: never the
-        # dense (d_z, B) codes
-        R = (Xb - bt[:, None]) - (_csr(pts, ats, vals, (B, d_z)) @ Wt.T).T
-        Phi = (Wt.T @ R).div_(lam)
-        rnorm = R.norm(dim=0)
-        sum_sq += (rnorm * rnorm).sum()
-        max_rnorm = torch.maximum(max_rnorm, rnorm.max())
-        sum_r += R.sum(dim=1)
-        szr_t += _csr(ats, pts, vals, (d_z, B)) @ R.T
-        szr_act_t += _csr(ats[on], pts[on], vals[on], (d_z, B)) @ R.T
-        n_on.index_add_(0, ats[on], torch.ones_like(vals[on]))
-        phi_on = Phi[ats[on], pts[on]]
-        off_sum += Phi.sum(dim=1) - torch.zeros_like(off_sum).index_add_(0, ats[on], phi_on)
-        # KKT-z: max over points of (φ − 1)₊ = (max φ − 1)₊ (≤ |φ − 1|, so it never hides an active entry),
-        # and |φ − 1| on A_d
-        kkt = torch.maximum(kkt, (Phi.amax(dim=1) - 1.0).clamp_min(0.0))
-        kkt.scatter_reduce_(0, ats[on], (phi_on - 1.0).abs(), reduce="amax")
-        neg = torch.neg(Phi).sub_(1.0).clamp_min_(0.0)  # (−φ − 1)₊: the antipode's codes over λ
-        antipode += neg.mul_(neg).sum(dim=1).mul_(lam * lam)
-        del neg
+        rnorm = np.linalg.norm(R, axis=1)
+        sum_sq += float(rnorm @ rnorm)
+        max_rnorm = max(max_rnorm, float(rnorm.max(initial=0.0)))
+        sum_r += R.sum(axis=0)
+        if ats.size:  # Σ_i z_di r_i for the live atoms of the batch, and the sub-threshold part of it
+            used, local = np.unique(ats, return_inverse=True)
+            blk = sp.csr_array((vals, (local, pts)), shape=(used.size, B)) @ R
+            ok = live_idx[used] >= 0
+            szr[live_idx[used[ok]]] += blk[ok]
+            sub = ~on & live[ats]
+            if sub.any():
+                u2, l2 = np.unique(ats[sub], return_inverse=True)
+                below.append((u2, sp.csr_array((vals[sub], (l2, pts[sub])), shape=(u2.size, B)) @ R))
+        # φ on the active entries, exactly: |φ − 1| for KKT-z, and Σ_{i∈A_d} φ_id for (4)
+        phi_on = exact_products(atoms, R, pts[on], ats[on], workers) / lam
+        np.maximum.at(kkt, ats[on], np.abs(phi_on - 1.0))
+        np.add.at(on_phi_sum, ats[on], phi_on)
+        # the screened entries: φ > 1, φ < −1, and each point's largest φ among the atoms not active there
+        lam_b = np.full(B, lam)
+        pairs = screen_pairs(atoms, R, above=lam_b, below=-lam_b, top="max", exclude=(pts[on], ats[on]),
+                             scale=lam_b)
+        phi = exact_products(atoms, R, pairs.rows, pairs.atoms, workers) / lam
+        np.maximum.at(kkt, pairs.atoms, np.maximum(phi - 1.0, 0.0))
+        neg = np.maximum(-phi - 1.0, 0.0)
+        np.add.at(antipode, pairs.atoms, neg * neg * lam * lam)
+        if sample.size:
+            in_sample = np.isin(pairs.rows + start, sample)
+            np.add.at(sample_antipode, pairs.atoms[in_sample], (neg * neg * lam * lam)[in_sample])
         if U is not None:
-            gains += (U.T @ R - lam).clamp_min(0.0).pow(2).sum(dim=1)
-        # (5′) min summand, per point: a_i = min over atoms off at i of (1 − φ_id), times max/min π_ji over
-        # the atoms on at i
-        Phi[ats[on], pts[on]] = -math.inf
-        slack = 1.0 - Phi.amax(dim=0)
-        pi = vals[on] * inv_mass[ats[on]]
-        pi_max = torch.full((B,), -math.inf, dtype=f64, device=dev).scatter_reduce_(0, pts[on], pi, reduce="amax")
-        pi_min = torch.full((B,), math.inf, dtype=f64, device=dev).scatter_reduce_(0, pts[on], pi, reduce="amin")
-        n_active = torch.zeros(B, dtype=f64, device=dev).index_add_(0, pts[on], torch.ones_like(pi))
-        summand = torch.where(slack < 0, slack * pi_max, slack * pi_min)
-        ok = (n_active > 0) & (n_active < d_z)
-        if bool(ok.any()):
-            prime_min = min(prime_min, float(summand[ok].min()))
+            gains += (np.maximum(R @ U - lam, 0.0) ** 2).sum(axis=0)
+        prime_min = min(prime_min, _prime_min_summand(pairs.rows, pairs.atoms, phi, pts[on], ats[on],
+                                                      vals[on] * inv_mass[ats[on]], B, d_z))
         seen += B
-    if seen != N:
-        raise ValueError(f"batches covered {seen} points, the codes have {N}")
+    if seen != N_local:
+        raise ValueError(f"batches covered {seen} points, the codes have {N_local}")
+    sums = reduce.sum(np.concatenate([[sum_sq], sum_r, on_phi_sum, antipode, sample_antipode, gains]))
+    sum_sq, sum_r = float(sums[0]), sums[1:1 + D]
+    on_phi_sum, antipode, sample_antipode, gains = np.split(sums[1 + D:], np.cumsum([d_z, d_z, d_z]))
+    max_rnorm = float(reduce.max(np.array([max_rnorm]))[0])
+    prime_min = float(reduce.min(np.array([prime_min]))[0])
+    kkt = reduce.max(kkt)
+    szr = reduce.sum(szr)
+    below_atoms, below_sums = _merge_rows([part for parts in reduce.gather(below) for part in parts], D)
 
-    live = (n_on > 0).cpu().numpy()
-    safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))
-    mean_res = szr_t.T / (lam * safe_mass)  # column d: Σ_i π_di r_i / λ
-    s1 = torch.linalg.vector_norm(Wt - mean_res, dim=0)
-    along = (Wt * mean_res).sum(dim=0)
-    r2 = torch.linalg.vector_norm(mean_res - Wt * along, dim=0)
-    hull = _column_blocks_max(Wt, Wt - szr_act_t.T / (lam * safe_mass))
-    hull_prime = _column_blocks_max(Wt, Wt - mean_res)
+    live_atoms = np.flatnonzero(live)
+    s1, r2, hull, hull_prime = _per_atom_conditions(atoms, szr, live_atoms, lam * mass, below_atoms,
+                                                    below_sums, workers, reduce)
     n_off = N - n_on
     ok = (n_on > 0) & (n_off > 0)
-    off_mean = torch.where(ok, off_sum / torch.where(ok, n_off, torch.ones_like(n_off)), torch.full_like(n_on, math.nan))
+    all_phi_sum = _all_atoms_products(atoms, sum_r) / lam  # Σ_i φ_id = ŵ_dᵀ(Σ_i r_i)/λ
+    off_mean = np.where(ok, (all_phi_sum - on_phi_sum) / np.where(ok, n_off, 1.0), np.nan)
     p = n_on / N
-    target = torch.where(ok, -p / torch.where(ok, 1.0 - p, torch.ones_like(p)), torch.full_like(p, math.nan))
-
-    def nan_dead(v: torch.Tensor) -> NDArray[np.float64]:
-        return np.where(live, v.cpu().numpy(), np.nan)
-
-    s1_np, r2_np, hull_np = nan_dead(s1), nan_dead(r2), nan_dead(hull)
-    bias_violation = (off_mean - target).abs().cpu().numpy()
-    r1 = float(torch.linalg.vector_norm(sum_r)) / N
-    pairs = nested_pairs_of_codes(codes, tau)
-    cos_of_pairs = np.array([float(W_np[:, d] @ W_np[:, j]) for d, j in pairs], dtype=np.float64)
+    target = np.where(ok, -p / np.where(ok, 1.0 - p, 1.0), np.nan)
+    bias_violation = np.abs(off_mean - target)
+    r1 = float(np.linalg.norm(sum_r)) / N
+    pairs = _agreed_nested_pairs(codes, tau, reduce)
+    cos_of_pairs = _pair_cosines(atoms, pairs)
 
     def nanmax(v: NDArray) -> float:
         v = v[np.isfinite(v)]
         return float(v.max()) if v.size else 0.0
 
-    kkt_np = kkt.cpu().numpy()
-    checks = {"kkt": float(kkt_np.max(initial=0.0)) <= tol.kkt, "stationarity": nanmax(s1_np) <= tol.stationarity,
-              "hull": nanmax(hull_np) <= tol.hull}
+    checks = {"kkt": float(kkt.max(initial=0.0)) <= tol.kkt, "stationarity": nanmax(s1) <= tol.stationarity,
+              "hull": nanmax(hull) <= tol.hull}
     bias_max = nanmax(bias_violation)
     if learned_bias:
         checks["bias_identity"] = bias_max <= tol.bias
         checks["bias_residual"] = r1 / lam <= tol.bias_residual
+    Wc = atoms.columns() if d_z <= COSINES_MAX_ATOMS else None
     diag = DictionaryDiagnostics(
         lam=float(lam), n_points=int(N), n_atoms=int(d_z), tau_act=tau, tau_act_given=tau_act is not None,
         learned_bias=bool(learned_bias), tolerances=tol,
-        objective=(float(sum_sq) + 2.0 * lam * float(mass_np.sum())) / N,
-        cert_ratio=float(max_rnorm) / lam,
-        firing_fraction=(n_on / N).cpu().numpy(),
-        live_atoms=tuple(int(d) for d in np.flatnonzero(live)),
+        objective=(sum_sq + 2.0 * lam * float(mass.sum())) / N,
+        cert_ratio=max_rnorm / lam,
+        firing_fraction=n_on / N,
+        live_atoms=tuple(int(d) for d in live_atoms),
         dead_atoms=tuple(int(d) for d in np.flatnonzero(~live)),
-        kkt_violation=float(kkt_np.max(initial=0.0)), kkt_violation_per_atom=kkt_np,
-        stationarity_violation=nanmax(s1_np), stationarity_per_atom=s1_np,
-        r2_violation=nanmax(r2_np), r2_per_atom=r2_np,
-        bias_identity_violation=bias_max, bias_off_mean=off_mean.cpu().numpy(), bias_target=target.cpu().numpy(),
+        kkt_violation=float(kkt.max(initial=0.0)), kkt_violation_per_atom=kkt,
+        stationarity_violation=nanmax(s1), stationarity_per_atom=s1,
+        r2_violation=nanmax(r2), r2_per_atom=r2,
+        bias_identity_violation=bias_max, bias_off_mean=off_mean, bias_target=target,
         bias_identity_per_atom=bias_violation, bias_residual_mean_norm=r1,
-        hull_violation=nanmax(hull_np), hull_per_atom=hull_np,
-        hull_prime_violation=nanmax(nan_dead(hull_prime)), hull_prime_per_atom=nan_dead(hull_prime),
+        hull_violation=nanmax(hull), hull_per_atom=hull,
+        hull_prime_violation=nanmax(hull_prime), hull_prime_per_atom=hull_prime,
         hull_prime_min_summand=prime_min,
-        cosines=W_np.T @ W_np if d_z <= COSINES_MAX_ATOMS else np.zeros((0, 0)),
+        cosines=Wc.T @ Wc if Wc is not None else np.zeros((0, 0)),
         nested_pairs=tuple(pairs), nesting_cosine_defect=1.0 - cos_of_pairs,
-        antipode_gain=antipode.cpu().numpy() / N, checks=checks,
+        antipode_gain=antipode / N, checks=checks,
     )
-    return StreamedDiagnostics(diagnostics=diag, candidate_gains=gains.cpu().numpy())
+    return StreamedDiagnostics(diagnostics=diag, candidate_gains=gains, sample_antipode_gains=sample_antipode)
+
+
+def _merge_rows(parts: list[tuple[NDArray[np.int64], NDArray[np.float64]]], D: int
+                ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """Sum row blocks (atoms, rows) of several batches by atom: (sorted atoms, their summed rows)."""
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros((0, D))
+    a = np.concatenate([p[0] for p in parts])
+    rows = np.concatenate([p[1] for p in parts])
+    u, inv = np.unique(a, return_inverse=True)
+    out = np.zeros((u.size, D))
+    np.add.at(out, inv, rows)
+    return u, out
+
+
+def _per_atom_conditions(atoms: AtomRows, szr: NDArray[np.float64], live_atoms: NDArray[np.int64],
+                         lam_mass: NDArray[np.float64], below_atoms: NDArray[np.int64],
+                         below_sums: NDArray[np.float64], workers: int, reduce: Reduction = LOCAL,
+                         block: int = 4096) -> tuple[NDArray, NDArray, NDArray, NDArray]:
+    """S1, R2, (5) and (5′) per atom (NaN for dead atoms) from the sums szr (row t: Σ_i z_di r_i of the live atom
+    d = live_atoms[t]) and the sub-threshold parts of them (below_atoms, below_sums), a block of live atoms at a
+    time: m_d = szr_d/(λ‖z_d·‖₁), S1 = ‖ŵ_d − m_d‖, R2 = ‖m_d − ŵ_d(ŵ_dᵀm_d)‖, (5) = ‖Ŵᵀ(ŵ_d − a_d)‖_∞ with
+    a_d the same mean over A_d, (5′) = ‖Ŵᵀ(ŵ_d − m_d)‖_∞ (equal to (5) when no code is below τ). Over several
+    processes each takes every size-th block and the values are gathered."""
+    d_z = atoms.n_atoms
+    s1, r2, hull, hull_prime = (np.full(d_z, np.nan) for _ in range(4))
+    for lo in range(reduce.rank * block, live_atoms.size, reduce.size * block):
+        idx = live_atoms[lo:lo + block]
+        Wb = atoms.unit_rows(idx)
+        mb = szr[lo:lo + block] / lam_mass[idx, None]
+        s1[idx] = np.linalg.norm(Wb - mb, axis=1)
+        along = np.sum(Wb * mb, axis=1)
+        r2[idx] = np.linalg.norm(mb - Wb * along[:, None], axis=1)
+        hull_prime[idx] = atom_max_products(atoms, Wb - mb, workers)
+        pos = np.searchsorted(below_atoms, idx)
+        has = (pos < below_atoms.size) & (below_atoms[np.minimum(pos, max(below_atoms.size - 1, 0))] == idx) \
+            if below_atoms.size else np.zeros(idx.size, dtype=bool)
+        if has.any():
+            ab = mb.copy()
+            ab[has] -= below_sums[pos[has]] / lam_mass[idx[has], None]
+            hull[idx] = atom_max_products(atoms, Wb - ab, workers)
+        else:
+            hull[idx] = hull_prime[idx]
+    if reduce.size > 1:
+        for part in reduce.gather(np.stack([s1, r2, hull, hull_prime])):
+            done = np.isfinite(part[0])
+            for target, values in zip((s1, r2, hull, hull_prime), part):
+                target[done] = values[done]
+    return s1, r2, hull, hull_prime
+
+
+def _pair_cosines(atoms: AtomRows, pairs: list[tuple[int, int]], block: int = 65536) -> NDArray[np.float64]:
+    """ŵ_dᵀŵ_j for each pair, in blocks."""
+    out = np.empty(len(pairs))
+    for lo in range(0, len(pairs), block):
+        P = np.array(pairs[lo:lo + block], dtype=np.int64).reshape(-1, 2)
+        out[lo:lo + P.shape[0]] = np.sum(atoms.unit_rows(P[:, 0]) * atoms.unit_rows(P[:, 1]), axis=1)
+    return out
+
+
+def _check_unit_atoms(atoms: AtomRows, mass: NDArray[np.float64], block: int = 8192) -> None:
+    """Every atom with a code has unit norm (:func:`dictcheck.theory.diagnostics.unit_atom_norm_check`), a
+    block of atoms at a time."""
+    for lo in range(0, atoms.n_atoms, block):
+        hi = min(atoms.n_atoms, lo + block)
+        unit_atom_norm_check(atoms.unit_block(lo, hi).T, (mass[lo:hi] != 0)[:, None])
+
+
+def _prime_min_summand(rows, atoms_, phi, on_rows, on_atoms, pi, B: int, d_z: int) -> float:
+    """The (5′) min summand over the batch's points (theory.diagnostics.hull_prime_min_summand): for point i
+    with 0 < |S_i| < d_z, a_i·max_j π_ji if a_i < 0 else a_i·min_j π_ji, where a_i = min over atoms not
+    active at i of (1 − φ_id), the exact largest φ among the screened pairs outside S_i."""
+    if on_rows.size == 0:
+        return math.inf
+    key_on = on_rows * d_z + on_atoms
+    off = ~np.isin(rows * d_z + atoms_, key_on)
+    phi_max = np.full(B, -np.inf)
+    np.maximum.at(phi_max, rows[off], phi[off])
+    slack = 1.0 - phi_max
+    pi_max = np.full(B, -np.inf)
+    pi_min = np.full(B, np.inf)
+    np.maximum.at(pi_max, on_rows, pi)
+    np.minimum.at(pi_min, on_rows, pi)
+    n_active = np.bincount(on_rows, minlength=B)
+    ok = (n_active > 0) & (n_active < d_z)
+    summand = np.where(slack < 0, slack * pi_max, slack * pi_min)
+    return float(summand[ok].min()) if ok.any() else math.inf
+
+
+def _all_atoms_products(atoms: AtomRows, v: NDArray[np.float64], block: int = 8192) -> NDArray[np.float64]:
+    """w_dᵀv for every atom d in float64, a block of atoms at a time."""
+    out = np.empty(atoms.n_atoms)
+    for lo in range(0, atoms.n_atoms, block):
+        hi = min(atoms.n_atoms, lo + block)
+        out[lo:hi] = atoms.unit_block(lo, hi) @ v
+    return out
+
+
+def candidate_gains(W: ArrayLike | AtomRows, codes: SparseCodes, b: ArrayLike, batches: Iterable[tuple[int, NDArray]],
+                    lam: float, U: ArrayLike, reduce: Reduction = LOCAL) -> NDArray[np.float64]:
+    """gain(u) = Σ_i (uᵀr_i − λ)₊² for each unit column u of U (D, S) over the points of ``batches``
+    (docs/theory.md §3 S6): one cheap pass (the residuals from the sparse codes, one (B, S) product)."""
+    atoms = _as_atoms(W)
+    U = np.asarray(U, dtype=np.float64)
+    bv = np.asarray(b, dtype=np.float64).reshape(-1)
+    gains = np.zeros(U.shape[1])
+    for start, Xb in batches:
+        R, _ = _batch_residuals(atoms, codes, bv, start, Xb)
+        gains += (np.maximum(R @ U - lam, 0.0) ** 2).sum(axis=0)
+    return reduce.sum(gains)
 
 
 def column_batches(X: NDArray, batch: int) -> Iterator[tuple[int, NDArray]]:

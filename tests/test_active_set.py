@@ -1,24 +1,19 @@
-"""The compiled phase A of the exact codes (solvers/active_set.py) against the batched torch phase A it
-replaces on the CPU, and its hand-over of the points it cannot finish (docs/theory.md §1, KKT-z).
-
-The batched phase A still runs on CUDA and in float32; here it is forced on the CPU in float64 by routing
-``_phase_a_compiled`` to it, so both paths are held to the same codes on the same problems.
-"""
+"""The compiled active-set solves of the exact codes (solvers/active_set.py): the per-point kernel with the Gram
+matrix cached, the kernel on candidate sets the rounds use, the pairs' classification, and the hand-over of what
+they cannot finish to the exact fallback (docs/theory.md §1, KKT-z)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dictcheck.solvers import lasso_codes as lc
-from dictcheck.solvers.active_set import solve_points
-from dictcheck.solvers.row_topk import kth_largest
+from dictcheck.solvers.active_set import STATUS_DEPENDENT, STATUS_OPTIMAL, classify_pairs
+from dictcheck.solvers.atom_rows import AtomRows
 from dictcheck.solvers.lasso_codes import exact_codes, kkt_violation
-from dictcheck.theory.objective import sae_objective
-from test_lasso_codes import _unique_and_well_conditioned
+from dictcheck.solvers.row_topk import kth_largest
 
 TOL = 1e-8
 
@@ -35,99 +30,110 @@ def _problem(seed: int, D: int, d_z: int, N: int, k: int):
     return W, X, 0.1 * rng.normal(size=D)
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(4, 40), st.integers(8, 200), st.integers(1, 12),
-       st.floats(0.02, 1.0))
-def test_compiled_phase_a_equals_the_batched_one(seed, D, d_z, k, lam) -> None:
-    W, X, b = _problem(seed, D, d_z, 30, k)
-    compiled = exact_codes(W, X, b, lam)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lc, "_phase_a_compiled",  # the batched torch phase A on the CPU
-                   lambda ctx, Xc, F0, T, res: lc._phase_a_batched(ctx, (Xc @ ctx.W).sub_(ctx.lam), F0, T, res))
-        batched = exact_codes(W, X, b, lam)
-    for res in (compiled, batched):
-        assert res.converged and res.kkt_violation <= TOL
-        # the recorded violation is the measured one (Gram route against the residual route: rounding apart)
-        assert res.kkt_violation == pytest.approx(kkt_violation(W, res.Z, X, b, lam), rel=1e-6, abs=1e-12)
-    # Same objective always; same codes wherever the minimiser is unique and well conditioned (an ill-conditioned
-    # support lets rounding move the codes further than 1e-9 at the same objective).
-    assert sae_objective(W, compiled.Z, b, X, lam) == pytest.approx(sae_objective(W, batched.Z, b, X, lam), rel=1e-12)
-    for i in range(X.shape[1]):
-        if _unique_and_well_conditioned(W, batched.Z[:, i], X[:, i] - b, lam):
-            scale = 1.0 + np.abs(batched.Z[:, i]).max()
-            np.testing.assert_allclose(compiled.Z[:, i], batched.Z[:, i], atol=1e-9 * scale, rtol=0)
+def _batch(W, X, b, candidates, guessed: bool = False):
+    """A rounds batch whose point i has the candidate atoms candidates[i] and an empty support (or, when
+    ``guessed``, all of them as its guessed support)."""
+    n = X.shape[1]
+    M = max(len(c) for c in candidates) + 4
+    supports = [np.arange(len(c)) if guessed else np.zeros(0, np.int64) for c in candidates]
+    return lc._Batch.start(np.arange(n), np.ascontiguousarray((X - b[:, None]).T),
+                           [np.asarray(c, np.int64) for c in candidates], supports,
+                           [np.zeros(len(c)) for c in supports], M, np.zeros(n, np.int64))
 
 
-def _kernel_inputs(W, X, b, lam, guess=None, max_checks=30):
-    ctx = lc._make_ctx(W, lam, TOL, torch.device("cpu"), torch.float64)
-    Xc = torch.as_tensor(np.ascontiguousarray((X - b[:, None]).T))
-    n, d_z = Xc.shape[0], W.shape[1]
-    F0 = torch.as_tensor(np.full((n, 1), d_z) if guess is None else guess)
-    return lc._compiled_inputs(ctx, Xc, F0, max_checks)
+def _solve(W, batch, lam):
+    atoms = AtomRows.from_columns(W)
+    rounds = lc._Rounds(atoms, np.zeros((0, 0)), lam, TOL, 100, 1)
+    act = np.arange(batch.pts.size)
+    lc.solve_on_candidates(atoms.rows, atoms.scale, rounds.gram, batch.X, lam, batch.C, batch.nC, batch.filled,
+                           batch.G, batch.q, batch.L, batch.factored, batch.P, batch.zP, batch.k, batch.R, batch.gP,
+                           batch.status, rounds.eps, TOL * lam, act, 0, act.size)
+    return rounds
 
 
-def _codes(idx, val, d_z: int) -> np.ndarray:
-    Z = np.zeros((d_z, idx.shape[0]))
-    r, c = np.nonzero(idx < d_z)
-    Z[idx[r, c], r] = val[r, c]
-    return Z
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(4, 30), st.integers(8, 120), st.integers(1, 10), st.floats(0.02, 1.0))
+def test_candidate_kernel_solves_the_restricted_problem(seed, D, d_z, k, lam) -> None:
+    """On each point's candidates the kernel returns the exact codes of the dictionary restricted to them
+    (cold exact codes of W[:, C] as reference), with the residual and exact support gradient it reports; a
+    second call with more candidates continues from there to the codes restricted to the larger set."""
+    W, X, b = _problem(seed, D, d_z, 6, k)
+    d_z = W.shape[1]
+    rng = np.random.default_rng(seed)
+    first = [np.sort(rng.choice(d_z, min(d_z, D // 2), replace=False)) for _ in range(6)]  # ≤ D candidates in all
+    batch = _batch(W, X, b, first)
+    _solve(W, batch, lam)
+    for stage in range(2):
+        for i in range(6):
+            C = batch.C[i, :batch.nC[i]]
+            assert batch.status[i] == STATUS_OPTIMAL
+            ref = exact_codes(W[:, C], X[:, [i]], b, lam)
+            z = np.zeros(C.size)
+            z[batch.P[i, :batch.k[i]]] = batch.zP[i, :batch.k[i]]
+            np.testing.assert_allclose(z, ref.Z[:, 0], atol=1e-8 * (1 + np.abs(z).max()))
+            r = X[:, i] - b - W[:, C] @ z
+            np.testing.assert_allclose(batch.R[i], r, atol=1e-12 * (1 + np.linalg.norm(r)))
+            np.testing.assert_allclose(batch.gP[i, :batch.k[i]], W[:, C[batch.P[i, :batch.k[i]]]].T @ r - lam,
+                                       atol=1e-12 * (1 + np.linalg.norm(r)))
+        if stage == 0:  # grow every point's candidates by atoms not yet in it
+            for i in range(6):
+                extra = np.setdiff1d(np.arange(d_z), batch.C[i, :batch.nC[i]])[:max(0, D - batch.nC[i])][:3]
+                batch.C[i, batch.nC[i]:batch.nC[i] + extra.size] = extra
+                batch.nC[i] += extra.size
+            _solve(W, batch, lam)
 
 
-@pytest.mark.parametrize("max_checks", [1, 30])
-def test_kernel_reports_the_exact_violation_and_is_deterministic(max_checks: int) -> None:
-    W, X, b = _problem(3, 24, 120, 40, 6)
-    lam = 0.2
-    args = _kernel_inputs(W, X, b, lam, max_checks=max_checks)
-    idx, val, viol, checks, ok = solve_points(*args)
-    assert (checks >= 1).all() and (checks <= max_checks).all()
-    assert ok.all() if max_checks == 30 else (~ok).any()
-    Z = _codes(idx, val, W.shape[1])
-    assert (Z >= 0).all()
-    for i in range(X.shape[1]):  # the recorded violation is the measured one, also far from optimal
-        measured = kkt_violation(W, Z[:, [i]], X[:, [i]], b, lam)
-        assert viol[i] / lam == pytest.approx(measured, rel=1e-9, abs=1e-12)
-        assert ok[i] == (measured <= TOL + 1e-12)
-    again = solve_points(*args)
-    np.testing.assert_array_equal(again[0], idx)
-    np.testing.assert_array_equal(again[1], val)
-
-
-def test_kernel_hands_over_what_it_cannot_finish() -> None:
+def test_candidate_kernel_flags_dependent_atoms_and_exact_codes_finish_them() -> None:
+    """Two copies of one atom in a guessed support make G_PP singular: the kernel says so (status), and
+    exact_codes finishes such points exactly through the least-distance fallback, with or without the Gram
+    matrix cached."""
     W, X, b = _problem(4, 16, 60, 20, 5)
     lam = 0.1
-    # A guess with two copies of one atom: G_PP is singular, so the kernel hands every point over and
-    # exact_codes finishes them exactly in phases B and C.
     W2 = np.concatenate([W, W[:, :1]], axis=1)
     d_z = W2.shape[1]
-    guess = np.tile(np.array([0, d_z - 1]), (X.shape[1], 1))
-    _, _, _, _, ok2 = solve_points(*_kernel_inputs(W2, X, b, lam, guess=guess))
-    assert not ok2.any()
+    batch = _batch(W2, X, b, [[0, d_z - 1]] * X.shape[1], guessed=True)
+    _solve(W2, batch, lam)
+    assert (batch.status == STATUS_DEPENDENT).any()
     init = np.zeros((d_z, X.shape[1]))
     init[[0, d_z - 1]] = 1.0
-    res = exact_codes(W2, X, b, lam, init=init)
-    assert res.converged and kkt_violation(W2, res.Z, X, b, lam) <= TOL
+    for cache in (lc.GRAM_CACHE_BYTES, 0):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(lc, "GRAM_CACHE_BYTES", cache)
+            res = exact_codes(W2, X, b, lam, init=init)
+        assert res.converged and kkt_violation(W2, res.Z, X, b, lam) <= TOL
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 300), st.integers(1, 60), st.floats(-30, 30), st.floats(-30, 30),
-       st.floats(1e-6, 1e3))
-def test_float32_correlations_lie_within_their_bound(seed, D, d_z, log2_x, log2_w, lam) -> None:
-    """The kernel's q̃ = fl32(X̃W − λ) is within _correlation_bound of the float64 q, entrywise, on
-    data of any scale (entries spread over 2¹² within a matrix, cancellation included); the bound
-    is not vacuous: at most 1e-3 of ‖x̃‖·max‖w‖ + λ."""
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 8), st.integers(2, 40))
+def test_classify_pairs_matches_a_direct_count(seed, n, d_z) -> None:
+    """classify_pairs: support and candidate membership of each checked pair, and per point the violation
+    max(|g_P|, max off-support (g)₊), against sets and maxima computed directly."""
     rng = np.random.default_rng(seed)
-    W = rng.normal(size=(D, d_z)) * 2.0 ** rng.uniform(-6, 6, size=(D, d_z)) * 2.0**log2_w
-    X = rng.normal(size=(D, 7)) * 2.0 ** rng.uniform(-6, 6, size=(D, 7)) * 2.0**log2_x
-    X[:, 0] = W[:, 0] * 2.0**log2_x  # a point along an atom: large correlations next to small ones
-    ctx = lc._make_ctx(W, lam, TOL, torch.device("cpu"), torch.float64)
-    Xc = torch.as_tensor(np.ascontiguousarray(X.T))
-    args = lc._compiled_inputs(ctx, Xc, torch.full((7, 1), d_z), 30)
-    Qs, eq = args[2], args[6]
-    assert Qs.dtype == np.float32
-    exact = X.T @ W - lam
-    assert (np.abs(Qs.astype(np.float64) - exact) <= eq[:, None]).all()
-    scale = np.linalg.norm(X, axis=0) * np.sqrt(ctx.cmax2) + lam
-    assert (eq <= 1e-3 * scale).all()
+    M = d_z
+    C = np.zeros((n, M), np.int64)
+    nC = rng.integers(0, d_z + 1, size=n)
+    P = np.zeros((n, M), np.int64)
+    k = np.zeros(n, np.int64)
+    gP = rng.normal(size=(n, M)) * 1e-3
+    for i in range(n):
+        C[i, :nC[i]] = rng.choice(d_z, nC[i], replace=False)
+        k[i] = rng.integers(0, nC[i] + 1)
+        P[i, :k[i]] = rng.choice(nC[i], k[i], replace=False)
+    which = rng.permutation(n)
+    pairs = [(t, j) for t in range(n) for j in range(d_z) if rng.random() < 0.4]
+    pi = np.array([p[0] for p in pairs], np.int64)
+    pj = np.array([p[1] for p in pairs], np.int64)
+    g = rng.normal(size=pi.size)
+    on, inc, viol = classify_pairs(pi, pj, g, which, C, nC, P, k, gP, d_z)
+    for t in range(n):
+        i = which[t]
+        supp = set(C[i, P[i, :k[i]]].tolist())
+        cand = set(C[i, :nC[i]].tolist())
+        sel = pi == t
+        assert on[sel].tolist() == [j in supp for j in pj[sel]]
+        assert inc[sel].tolist() == [j in cand for j in pj[sel]]
+        off = [gg for gg, j in zip(g[sel], pj[sel]) if j not in supp]
+        assert viol[t] == max([abs(x) for x in gP[i, :k[i]]] + [max(x, 0.0) for x in off] + [0.0])
 
 
 @settings(max_examples=200, deadline=None)

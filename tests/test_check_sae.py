@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import safetensors.torch
 import torch
 
@@ -251,3 +253,46 @@ def test_more_bad_inputs_exit_2_with_one_line(tmp_path: Path, toy_and_fit, probl
                            str(data)], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+_BLOCKED_REFERENCE: dict[str, dict] = {}
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 70), st.integers(1, 90), st.booleans(), st.sampled_from(["topk", "relu"]))
+def test_report_is_the_same_for_any_blocks(tmp_path_factory, batch, latent_block, fast, arch) -> None:
+    """The whole check-sae report (every number to 1e-10 relative, λ auto's bisection included) does not depend
+    on the token batch, the block of atoms of the screened products, or the screen's precision."""
+    from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
+
+    if arch not in _BLOCKED_REFERENCE:
+        tmp = tmp_path_factory.mktemp(arch)
+        rng = np.random.default_rng(7)
+        W = rng.normal(size=(48, 10))
+        W /= np.linalg.norm(W, axis=1, keepdims=True)
+        X = np.maximum(rng.normal(size=(160, 48)) - 1.0, 0.0) @ W + 0.05 * rng.normal(size=(160, 10))
+        folder = _save(tmp, arch, W, 0.01 * rng.normal(size=10), 0.1, k=4 if arch == "topk" else None)
+        lam = "auto" if arch == "topk" else None
+        _BLOCKED_REFERENCE[arch] = {"args": (str(folder), X, lam),
+                                    "report": sae_report(str(folder), X, SaeCheckSettings(lam=lam))}
+    folder, X, lam = _BLOCKED_REFERENCE[arch]["args"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("dictcheck.solvers.atom_rows.bf16_is_fast", lambda device: fast)
+        got = sae_report(folder, X, SaeCheckSettings(lam=lam, batch_size=batch, latent_block=latent_block))
+    ref = _BLOCKED_REFERENCE[arch]["report"]
+
+    def same(a, b, path=""):
+        if isinstance(a, dict):
+            for key in a:
+                if key != "timings_s":
+                    same(a[key], b[key], f"{path}.{key}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), path
+            for i, (u, v) in enumerate(zip(a, b)):
+                same(u, v, f"{path}[{i}]")
+        elif isinstance(a, float) and isinstance(b, float):
+            assert a == b or abs(a - b) <= 1e-10 * max(abs(a), abs(b)), (path, a, b)
+        else:
+            assert a == b, (path, a, b)
+
+    same(ref, got)

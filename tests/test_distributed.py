@@ -24,7 +24,7 @@ from dictcheck.empirics.training.distributed import World, rank_seed
 from dictcheck.empirics.io.sae_folder import load_sae
 from dictcheck.empirics.training.loop import TrainConfig, train
 from dictcheck.proofs_checks.cli import build_parser, main
-from dictcheck.proofs_checks.cli.train import _root_failure, _worker_argv
+from dictcheck.proofs_checks.cli.ranks import root_failure as _root_failure, worker_argv as _worker_argv
 
 REPO = Path(__file__).resolve().parents[1]
 #: Per-rank batch 16, global batch 32; float64 makes the DDP/one-process comparison tight.

@@ -17,7 +17,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.solvers.lasso_codes import ExactCodes, _guided_segments, exact_codes, kkt_violation
+from dictcheck.solvers import lasso_codes as lc
+from dictcheck.solvers.atom_rows import AtomRows
+from dictcheck.solvers.lasso_codes import ExactCodes, exact_codes, kkt_violation
 from dictcheck.theory.objective import sae_objective
 
 seeds = st.integers(0, 2**32 - 1)
@@ -211,14 +213,10 @@ def test_batching_determinism_and_sparse_output() -> None:
     c = exact_codes(W, X, b, lam, batch_size=37)
     np.testing.assert_allclose(a.Z, c.Z, atol=1e-10, rtol=0)
     assert c.kkt_violation <= TOL
-    n_threads = torch.get_num_threads()
-    for workers in (1, 3):  # thread-pool over batches vs in-order batches: same codes
+    for workers in (1, 3):  # the per-point solves in one thread or several: the same codes
         w = exact_codes(W, X, b, lam, batch_size=40, workers=workers)
-        assert torch.get_num_threads() == n_threads  # restored after the worker pool
-        np.testing.assert_allclose(a.Z, w.Z, atol=1e-10, rtol=0)
+        np.testing.assert_array_equal(a.Z, w.Z)
         assert w.converged and w.kkt_violation <= TOL
-    g = exact_codes(W, X, b, lam, workers=3)  # guided segments (no batch_size): same codes
-    np.testing.assert_allclose(a.Z, g.Z, atol=1e-10, rtol=0)
     s = exact_codes(W, X, b, lam, sparse_output=True)
     assert sp.issparse(s.Z) and s.Z.shape == a.Z.shape
     np.testing.assert_array_equal(s.Z.toarray(), a.Z)
@@ -301,7 +299,6 @@ def test_errors() -> None:
         dict(W=W, X=X, b=b, lam=0.1, max_iter=0),
         dict(W=W, X=X, b=b, lam=0.1, batch_size=0),
         dict(W=W, X=X, b=b, lam=0.1, workers=0),
-        dict(W=W, X=X, b=b, lam=0.1, dtype=torch.int64),
         dict(W=np.zeros((D, 0)), X=X, b=b, lam=0.1),
     ]
     for kw in bad_calls:
@@ -328,35 +325,47 @@ log_scales = st.floats(-6.0, 6.0)
 
 
 @settings(max_examples=60, deadline=None)
-@given(seeds, st.integers(1, 40), st.integers(1, 200), st.integers(1, 12), log_scales, log_scales)
-def test_screened_gradient_within_its_rounding_bound(seed, D, d_z, K, log_w, log_x) -> None:
-    """|g̃ − g| ≤ B for every atom off F (the float32 screen of _screen_bound), with atoms and
-    data spanning 12 orders of magnitude and codes of both signs (phase A's infeasible states)."""
-    from dictcheck.solvers import lasso_codes as lc
-
+@given(seeds, st.integers(1, 40), st.integers(1, 200), log_scales, log_scales, st.sampled_from(["bf16", "fp32"]),
+       st.booleans(), st.booleans())
+def test_screened_products_within_their_bound(seed, D, d_z, log_w, log_x, precision, stored32, unit) -> None:
+    """|ρ_i h̃_ij − w_jᵀr_i| ≤ E_i for every row and atom (atom_rows.Screen), for stored rows of norms and data
+    spanning 12 orders of magnitude, float32 stored rows (screened as they are, scaled afterwards) or float64
+    ones (a rounded copy), bfloat16 or float32 products; the reference's own float64 rounding allowed."""
     rng = np.random.default_rng(seed)
-    W = rng.normal(size=(D, d_z)) * 10.0 ** (log_w + rng.uniform(-1, 1, size=d_z))
-    m = 7
-    Xc = rng.normal(size=(m, D)) * 10.0**log_x
-    lam = float(rng.uniform(0.01, 2.0)) * 10.0 ** (log_w + log_x)
-    ctx = lc._make_ctx(W, lam, 1e-8, torch.device("cpu"), torch.float64)
-    assert ctx.u_screen > 0
-    K = min(K, d_z)
-    F = torch.as_tensor(np.sort(np.stack([rng.choice(d_z + 1, K, replace=False) for _ in range(m)]), axis=1))
-    scale = 10.0 ** (log_x - log_w)
-    z = torch.as_tensor(rng.normal(size=(m, K)) * scale)
-    z = torch.where(F < d_z, z, torch.zeros_like(z))
-    Q = torch.as_tensor(Xc @ W - lam)
-    qmax = torch.maximum(Q.amax(dim=1), -Q.amin(dim=1))
-    g_s, B = lc._screened_gradient(ctx, Q.float(), qmax, F, z)
-    Zd = torch.zeros(m, d_z + 1, dtype=torch.float64).scatter_add_(1, F, z)[:, :d_z]
-    g = Q - Zd @ torch.as_tensor(W.T @ W)
-    off = torch.isfinite(g_s[:, :d_z])
-    assert bool((~off).sum(dim=1).le(K).all())  # only members of F are masked
-    err = (g_s[:, :d_z].double() - g).abs()
-    # the reference itself is float64: allow its own rounding on top of B
-    ref_err = 1e-12 * (qmax + ctx.cmax2 * z.abs().sum(dim=1))
-    assert bool((err <= (B + ref_err).unsqueeze(1))[off].all())
+    A = rng.normal(size=(d_z, D)) * 10.0 ** (log_w + rng.uniform(-1, 1, size=(d_z, 1)))
+    A = A.astype(np.float32) if stored32 else A
+    atoms = AtomRows.unit_rows_of(A) if unit else AtomRows(np.ascontiguousarray(A), np.ones(d_z))
+    R = rng.normal(size=(7, D)) * 10.0 ** (log_x + rng.uniform(-2, 2, size=(7, 1)))
+    screen = atoms.screen(precision)
+    Rhat, rho, E = screen.prepare(R)
+    H = torch.cat([h for _, h in screen.blocks(Rhat)], dim=1).double().numpy() * rho[:, None]
+    exact = R @ atoms.unit_block(0, d_z).T
+    ref_err = 1e-13 * np.linalg.norm(R, axis=1, keepdims=True) * screen.wmax
+    assert np.all(np.abs(H - exact) <= E[:, None] + ref_err)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seeds, st.integers(4, 40), st.integers(8, 200), st.integers(1, 6), st.floats(0.02, 1.0),
+       st.sampled_from([1, 7, 64]), st.sampled_from([1 << 12, 1 << 28]), st.booleans())
+def test_rounds_equal_the_gram_kernel_for_any_blocks(seed, D, d_z, N, lam, batch, block_bytes, fast) -> None:
+    """The rounds (no Gram matrix: screened products of all atoms, blocks of atoms and points) give the codes
+    of the compiled kernel with the Gram matrix cached, for any batch size, block of atoms and screen
+    precision; both report the violation the codes have."""
+    W, X, b = _random_problem(seed, D, d_z, 12 * N, unit=True)
+    gram = exact_codes(W, X, b, lam)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lc, "GRAM_CACHE_BYTES", 0)
+        mp.setattr("dictcheck.solvers.atom_rows.BLOCK_BYTES", block_bytes)
+        mp.setattr("dictcheck.solvers.atom_rows.bf16_is_fast", lambda device: fast)
+        rounds = exact_codes(W, X, b, lam, batch_size=batch)
+    for res in (gram, rounds):
+        assert res.converged and res.kkt_violation <= TOL
+        assert res.kkt_violation == pytest.approx(kkt_violation(W, res.Z, X, b, lam), rel=1e-6, abs=1e-12)
+    assert sae_objective(W, rounds.Z, b, X, lam) == pytest.approx(sae_objective(W, gram.Z, b, X, lam), rel=1e-12)
+    for i in range(X.shape[1]):
+        if _unique_and_well_conditioned(W, gram.Z[:, i], X[:, i] - b, lam):
+            scale = 1.0 + np.abs(gram.Z[:, i]).max()
+            np.testing.assert_allclose(rounds.Z[:, i], gram.Z[:, i], atol=1e-9 * scale, rtol=0)
 
 
 def _guesses(rng, Z: np.ndarray):
@@ -399,17 +408,3 @@ def test_warm_start_from_the_exact_support_needs_one_check() -> None:
         exact_codes(W, X, b, 0.1, init=cold.Z[:, :-1])  # wrong shape
     with pytest.raises(ValueError):
         exact_codes(W, X, b, 0.1, init=np.full_like(cold.Z, np.nan))
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.integers(0, 100_000), st.integers(1, 10_000), st.integers(1, 16))
-def test_guided_segments_partition_the_points(N, B, workers) -> None:
-    """The worker threads' segments cover 0..N−1 once, in order, each at most B points and at
-    least the floor (256, or B if smaller) but the last, and shrink towards the end."""
-    segs = _guided_segments(N, B, workers)
-    assert [s for s, _ in segs] == [0] + [e for _, e in segs[:-1]] if segs else N == 0
-    assert (segs[-1][1] == N) if segs else N == 0
-    sizes = [e - s for s, e in segs]
-    assert all(0 < n <= B for n in sizes)
-    assert all(n >= min(256, B) for n in sizes[:-1])
-    assert all(a >= b for a, b in zip(sizes[:-2], sizes[1:-1]))

@@ -558,3 +558,30 @@ def test_saelens_round_trip(tmp_path: Path, arch: str):
     for n in w:
         torch.testing.assert_close(w3[n], w[n])
     assert cfg3.d_in == D and cfg3.d_sae == Z
+
+
+def test_mapped_safetensors_equal_the_library_and_refuse_broken_files(tmp_path) -> None:
+    """mapped_safetensors: the tensors safetensors itself reads (every dtype check-sae meets, empty ones too),
+    as copy-on-write views (a write never reaches the file); a file cut short or a header that does not fit
+    is refused in one line."""
+    import safetensors.torch as st
+
+    from dictcheck.empirics.io.saelens import mapped_safetensors, read_safetensors
+
+    tensors = {"f32": torch.randn(5, 3), "bf16": torch.randn(7).bfloat16(), "f16": torch.randn(4).half(),
+               "f64": torch.randn(2, 2).double(), "empty": torch.zeros(0, 3)}
+    path = tmp_path / "w.safetensors"
+    st.save_file(tensors, path)
+    mapped = mapped_safetensors(path)
+    for name, t in tensors.items():
+        assert mapped[name].dtype == t.dtype and torch.equal(mapped[name], t), name
+    mapped["f32"][0, 0] += 1.0
+    assert torch.equal(read_safetensors(path)["f32"], tensors["f32"])
+    assert torch.equal(read_safetensors(path, mmap=True)["f32"], tensors["f32"])
+    data = path.read_bytes()
+    for broken in (data[:4], data[:-8], (10**9).to_bytes(8, "little") + data[8:]):
+        bad = tmp_path / "bad.safetensors"
+        bad.write_bytes(broken)
+        with pytest.raises(SaeFormatError) as err:
+            read_safetensors(bad, mmap=True)
+        assert "\n" not in str(err.value)

@@ -168,14 +168,15 @@ def test_exact_codes_at_powers_of_two_are_exact(k: int) -> None:
 def test_the_phase_c_fallback_is_accurate_at_any_scale() -> None:
     """The root cause: the last fallback's NNLS stacked −W on qᵀ, and its error grew as ‖q‖² (s² at fixed
     x/λ): KKT 8.2e-6 at s = 1e4 and 22.7 at s = 1e8 on this problem. It now solves for q/α."""
+    from dictcheck.solvers.atom_rows import AtomRows
     from dictcheck.solvers.lasso_codes import _ldp_codes
 
     W, X, b = _problem()
-    Wn = W / np.linalg.norm(W, axis=0)
-    q = Wn.T @ (X[0] - b) - LAM
-    z = _ldp_codes(Wn, q)
+    atoms = AtomRows.from_columns(W / np.linalg.norm(W, axis=0))
+    S = np.arange(W.shape[1])
+    z = _ldp_codes(atoms, X[0] - b, S, LAM)
     for s in (1e4, 1e8, 1e30, 1e-30):
-        assert np.max(np.abs(_ldp_codes(Wn, q * s) / s - z)) <= 1e-12 * np.max(z)
+        assert np.max(np.abs(_ldp_codes(atoms, (X[0] - b) * s, S, LAM * s) / s - z)) <= 1e-12 * np.max(z)
 
 
 @settings(max_examples=20, deadline=None)

@@ -348,7 +348,7 @@ def polish_violations(model: Featurizer, problem: Problem) -> list[str]:
     for i, (prev, now) in enumerate(zip(values, values[1:])):
         if now > prev * (1 + slack):
             out.append(f"sweep {i + 1} raised objective (1) from {prev!r} to {now!r}")
-    after = stream_diagnostics(fit.W, fit.codes, fit.b, column_batches(X, batch_size_for(fit.W.shape[1], X.shape[1])),
+    after = stream_diagnostics(fit.W, fit.codes, fit.b, column_batches(X, batch_size_for(X.shape[1])),
                                problem.lam, learned_bias=True).diagnostics
     if not after.stationary:
         out.append(f"polished point (after {fit.iterations} sweeps, converged={fit.converged}) fails "

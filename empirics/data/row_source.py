@@ -26,15 +26,17 @@ class RowSource:
     n_rows: int
     dim: int
     name: str
+    offset: int = 0
 
     def rows(self, start: int, stop: int) -> NDArray[np.float64]:
         """Rows start … stop − 1 as a fresh, writable float64 array (ValueError when any is NaN or inf)."""
+        lo, hi = self.offset + start, self.offset + stop
         if isinstance(self.data, np.ndarray):
-            block = np.array(self.data[start:stop], dtype=np.float64)
+            block = np.array(self.data[lo:hi], dtype=np.float64)
         else:
-            block = np.array(self.data[np.arange(start, stop)], dtype=np.float64)
+            block = np.array(self.data[np.arange(lo, hi)], dtype=np.float64)
         if not np.isfinite(block).all():
-            raise ValueError(f"{self.name}: rows {start}…{stop - 1} contain NaN or inf")
+            raise ValueError(f"{self.name}: rows {lo}…{hi - 1} contain NaN or inf")
         return block
 
     def batches(self, batch: int, limit: int | None = None) -> Iterator[tuple[int, NDArray[np.float64]]]:
@@ -45,13 +47,24 @@ class RowSource:
 
     def sample(self, n: int) -> NDArray[np.float64]:
         """``n`` rows evenly spaced over the source (all of them when there are fewer), in order."""
+        return self.rows_at(self.sample_indices(n))
+
+    def sample_indices(self, n: int) -> NDArray[np.int64]:
+        """The indices of :meth:`sample`'s rows."""
         if n >= self.n_rows:
-            return self.rows(0, self.n_rows)
-        idx = np.unique(np.linspace(0, self.n_rows - 1, n).round().astype(np.int64))
-        block = np.array(self.data[idx], dtype=np.float64)
+            return np.arange(self.n_rows)
+        return np.unique(np.linspace(0, self.n_rows - 1, n).round().astype(np.int64))
+
+    def rows_at(self, idx: NDArray[np.int64]) -> NDArray[np.float64]:
+        """The rows of the sorted indices ``idx`` as a fresh float64 array (ValueError for NaN or inf)."""
+        block = np.array(self.data[np.asarray(idx, dtype=np.int64) + self.offset], dtype=np.float64)
         if not np.isfinite(block).all():
             raise ValueError(f"{self.name}: the sampled rows contain NaN or inf")
         return block
+
+    def part(self, start: int, stop: int) -> RowSource:
+        """Rows start … stop − 1 as a source of their own (indices from 0; e.g. one process's share)."""
+        return RowSource(self.data, stop - start, self.dim, self.name, self.offset + start)
 
 
 def open_rows(data: str | os.PathLike[str] | NDArray) -> RowSource:

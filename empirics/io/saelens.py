@@ -306,8 +306,8 @@ def check_tensors(
             )
         if check_dtype and t.dtype != cfg.torch_dtype:
             raise SaeFormatError(f"{source}: tensor {name!r} has dtype {t.dtype}, cfg.json dtype is {cfg.dtype!r}")
-        if not bool(torch.isfinite(t).all()):
-            n_bad = int((~torch.isfinite(t)).sum())
+        n_bad = _non_finite_count(t)
+        if n_bad:
             raise SaeFormatError(f"{source}: tensor {name!r} (shape {shape_text(t.shape)}) has {n_bad} non-finite values")
         biggest = float(t.abs().max()) if t.numel() else 0.0
         if biggest > MAX_ENTRY:
@@ -318,6 +318,13 @@ def check_tensors(
         raise SaeFormatError(
             f"{source}: unexpected tensor(s) {extra} for architecture {cfg.architecture!r}; expected {sorted(schema)}"
         )
+
+
+def _non_finite_count(t: torch.Tensor, block: int = 1 << 24) -> int:
+    """How many entries of t are NaN or ±inf, a block of entries at a time (no full-size temporary: a
+    memory-mapped million-latent decoder is read once, never copied)."""
+    flat = t.reshape(-1)
+    return sum(int((~torch.isfinite(flat[lo:lo + block])).sum()) for lo in range(0, flat.numel(), block))
 
 
 def _to_tensor(name: str, x: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -407,13 +414,63 @@ def read_json(path: Path) -> Any:
         raise SaeFormatError(str(exc)) from None
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (SaeFormatError, one line, for a missing or unreadable one). With ``mmap``
+    they are views of the file mapped copy-on-write (:func:`mapped_safetensors`: nothing read until used, no
+    copy), else read into memory."""
     if not path.is_file():
         raise SaeFormatError(f"{path}: file is missing")
     try:
-        return safetensors.torch.load(path.read_bytes())
+        return mapped_safetensors(path) if mmap else safetensors.torch.load(path.read_bytes())
+    except SaeFormatError:
+        raise
     except Exception as exc:  # SafetensorError derives from Exception only
         raise SaeFormatError(f"{path}: unreadable or truncated safetensors file ({exc})") from None
+
+
+#: safetensors dtype names -> (numpy dtype of the stored bytes, torch dtype they are viewed as).
+_SAFETENSORS_DTYPES = {"F64": (np.float64, torch.float64), "F32": (np.float32, torch.float32),
+                       "F16": (np.float16, torch.float16), "BF16": (np.uint16, torch.bfloat16),
+                       "I64": (np.int64, torch.int64), "I32": (np.int32, torch.int32)}
+
+
+def mapped_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as views of the file itself (np.memmap, copy-on-write, so a write to
+    a tensor never reaches the file): the format's 8-byte little-endian header length, its JSON header of
+    dtype, shape and [begin, end) byte offsets from the end of the header, then the bytes. SaeFormatError (one
+    line) for a header or offsets that do not fit the file, or a dtype this reader does not take."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise SaeFormatError(f"{path}: truncated safetensors file (no header)")
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            raise SaeFormatError(f"{path}: safetensors header of {n} bytes does not fit a {size}-byte file")
+        try:
+            header = json.loads(fh.read(n))
+        except ValueError as exc:
+            raise SaeFormatError(f"{path}: unreadable safetensors header ({exc})") from None
+    base = 8 + n
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            np_dtype, t_dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+            shape = tuple(int(v) for v in info["shape"])
+            lo, hi = (int(v) for v in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise SaeFormatError(f"{path}: tensor {name!r}: dtype {info.get('dtype') if isinstance(info, dict) else info!r} "
+                                 "or its shape and offsets are not readable here") from None
+        count = int(np.prod(shape, dtype=np.int64))
+        if lo < 0 or hi != lo + count * np.dtype(np_dtype).itemsize or base + hi > size:
+            raise SaeFormatError(f"{path}: tensor {name!r}: offsets [{lo}, {hi}) do not fit shape {list(shape)} "
+                                 f"in a {size}-byte file")
+        array = (np.memmap(path, dtype=np_dtype, mode="c", offset=base + lo, shape=shape) if count
+                 else np.zeros(shape, dtype=np_dtype))
+        out[name] = torch.from_numpy(array).view(t_dtype)
+    return out
 
 
 def read_config(directory: str | os.PathLike[str]) -> SaeConfig:

@@ -420,6 +420,20 @@ class StreamingMetrics:
             s["nnz"] += float(active.sum())
             self.fired = active.any(axis=0) if self.fired is None else self.fired | active.any(axis=0)
 
+    def merged(self, other: StreamingMetrics) -> StreamingMetrics:
+        """The metrics of this one's tokens and ``other``'s together (same x̄; e.g. two processes' parts): sums
+        added, the residual means merged by the same pairwise update, fired latents OR-ed."""
+        out = StreamingMetrics(self.x_mean, None, tol=self.tol)
+        out.sums = {k: self.sums[k] + other.sums[k] for k in self.sums}
+        out.counts = {k: self.counts[k] + other.counts[k] for k in self.counts}
+        out.n = self.n + other.n
+        delta = other.r_mean - self.r_mean
+        out.r_mean = self.r_mean + delta * (other.n / out.n) if out.n else self.r_mean.copy()
+        out.r_m2 = self.r_m2 + other.r_m2 + (float(delta @ delta) * self.n * other.n / out.n if out.n else 0.0)
+        fired = [f for f in (self.fired, other.fired) if f is not None]
+        out.fired = None if not fired else (fired[0] | fired[1] if len(fired) == 2 else fired[0].copy())
+        return out
+
     def result(self) -> dict[str, float]:
         """The metrics of every token seen (ValueError in the undefined cases of the module docstring)."""
         if self.n == 0:

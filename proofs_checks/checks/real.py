@@ -21,7 +21,9 @@ from dictcheck.empirics.training.loop import TrainResult
 from dictcheck.proofs_checks.checks.sae import ANTIPODAL_LAM, PAIR_JACCARD, dense_scalar_toy, support_jaccard
 from dictcheck.proofs_checks.real_protocol import BATCH, D_SAE, LAYER, STEPS, RealData, real_data, train_real
 from dictcheck.proofs_checks.registry import CheckContext, Control, Outcome, check
-from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE, SaeCheckSettings, antipodal_pairs, sae_report
+from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
+from dictcheck.solvers.atom_rows import AtomRows
+from dictcheck.solvers.decoder_geometry import ANTIPODAL_COSINE, decoder_geometry
 from dictcheck.proofs_checks.sources import THEORY_PAPER
 from dictcheck.solvers.lasso_codes import exact_codes
 from dictcheck.solvers.wide_limit import solve_wide_limit
@@ -65,7 +67,7 @@ def antipode_flags(W_rows: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, list[
     on = Z != 0
     has = np.zeros(W_rows.shape[0], dtype=bool)
     pairs = []
-    for i, j in antipodal_pairs(W_rows):
+    for i, j in decoder_geometry(AtomRows.unit_rows_of(np.asarray(W_rows, dtype=np.float64))).pairs.tolist():
         jac = support_jaccard(on[:, i], on[:, j])
         pairs.append({"latents": [i, j], "jaccard": jac})
         if jac is not None and jac <= PAIR_JACCARD:

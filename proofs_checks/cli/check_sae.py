@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from dictcheck.proofs_checks.cli.check_dict import print_human as print_dictionary_report
 from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, finite_result, scan_points_file
+from dictcheck.proofs_checks.cli.ranks import (
+    failed_rank_line,
+    launch_ranks,
+    record_worker_crash,
+    report_worker_error,
+    user_error_line,
+)
 from dictcheck.proofs_checks.errors import UserError
 from dictcheck.solvers.devices import DEVICE_CHOICES
 
@@ -46,7 +54,7 @@ def _lam_arg(value: str) -> float | str:
 
 
 def _print_human(report: dict[str, Any], directory: str) -> None:
-    from dictcheck.proofs_checks.sae_report import ANTIPODAL_COSINE
+    from dictcheck.solvers.decoder_geometry import ANTIPODAL_COSINE
 
     print(report["verdict"])
     print()
@@ -92,25 +100,85 @@ def _print_human(report: dict[str, Any], directory: str) -> None:
 
 
 def check_sae(args: argparse.Namespace) -> int:
-    """Handler of ``dictcheck check-sae`` (the report's modules load here, not when the parser is built)."""
-    from dictcheck.empirics.io.saelens import SaeFormatError
-    from dictcheck.proofs_checks.sae_report import SaeCheckSettings, sae_report
+    """Handler of ``dictcheck check-sae``: here, as one rank under torchrun, or launching ``--nproc`` ranks."""
+    from dictcheck.empirics.training.distributed import env_world_size
 
-    try:  # every setting checked here, by the same rules the API applies (SaeCheckSettings)
-        settings = SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, hull=args.hull,
-                                    hull_atoms=args.hull_atoms, hull_tokens=args.hull_tokens, polish=args.polish,
-                                    polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
-                                    polish_holdout=args.polish_holdout, tol=args.tol, device=args.device,
-                                    progress=sys.stderr.isatty() and not args.json)
+    if args.nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {args.nproc}")
+    try:
+        world_size = env_world_size()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.nproc > 1:
+        if world_size > 1:
+            raise UserError("--nproc starts torchrun itself; under torchrun leave --nproc out")
+        _validate(args)
+        return launch_ranks("check-sae", args, _failure_line, positionals=("directory",))
+    if world_size == 1:
+        return _check_here(args, None)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        import torch.distributed as dist
+
+        dist.init_process_group(backend="gloo")
+        try:
+            from dictcheck.proofs_checks.rank_reduction import RankReduction
+
+            return _check_here(args, RankReduction())
+        finally:
+            dist.destroy_process_group()
+    except UserError as exc:
+        return report_worker_error(world_size, rank, str(exc))
+    except Exception as exc:  # a crash, or a peer lost: the launcher reports it in one line
+        return record_worker_crash(exc)
+
+
+def _failure_line(rank: int, failure: Any) -> tuple[str, int]:
+    """(one line, exit code) for the root failure of a launched check: its user error, or the rank that died."""
+    user = user_error_line(rank, failure)
+    return user if user is not None else (f"check-sae failed: {failed_rank_line(rank, failure, None)}", 1)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    """The check's settings from the options, every one checked by the rules the API applies
+    (:class:`~dictcheck.proofs_checks.sae_report.SaeCheckSettings`; UserError, one line)."""
+    from dictcheck.proofs_checks.sae_report import SaeCheckSettings
+
+    try:
+        return SaeCheckSettings(lam=args.lam, batch_size=args.batch_size, latent_block=args.latent_block,
+                                hull=args.hull, hull_atoms=args.hull_atoms, hull_tokens=args.hull_tokens,
+                                polish=args.polish, polish_tokens=args.polish_tokens, polish_iters=args.polish_iters,
+                                polish_holdout=args.polish_holdout, tol=args.tol, device=args.device,
+                                progress=sys.stderr.isatty() and not args.json)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """The options and the data file, before any work (UserError, one line)."""
+    _settings(args)
     scan_points_file(args.data)  # an .npy file: format, dtype, shape, finite, magnitude (stores check themselves)
-    quiet = args.json or sys.stderr.isatty()
+
+
+def _check_here(args: argparse.Namespace, reduce: Any) -> int:
+    """The check in this process (alone, or as one rank of ``reduce``'s group: rank 0 prints); the report's
+    modules load here, not when the parser is built."""
+    from dictcheck.empirics.io.saelens import SaeFormatError
+    from dictcheck.proofs_checks.sae_report import sae_report
+    from dictcheck.solvers.reductions import LOCAL
+
+    settings = _settings(args)
+    scan_points_file(args.data)  # an .npy file: format, dtype, shape, finite, magnitude (stores check themselves)
+    main = reduce is None or reduce.rank == 0
+    quiet = args.json or sys.stderr.isatty() or not main
     try:
         report = sae_report(args.directory, args.data, settings,
-                            log=None if quiet else lambda msg: print(f"[check-sae] {msg}", file=sys.stderr, flush=True))
+                            log=None if quiet else lambda msg: print(f"[check-sae] {msg}", file=sys.stderr, flush=True),
+                            reduce=LOCAL if reduce is None else reduce)
     except (SaeFormatError, ValueError) as exc:
         raise UserError(str(exc).splitlines()[0]) from None
+    if not main:
+        return 0
     finite_result(report, "check-sae", allow=("metrics.rel_recon_bias",))
     if args.json:
         print(json.dumps(report))
@@ -142,10 +210,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    "on --hull-tokens evenly spaced tokens")
     p.add_argument("--hull-atoms", type=int, default=32, metavar="A", help="atoms --hull measures (default 32)")
     p.add_argument("--hull-tokens", type=int, default=2048, metavar="N", help="tokens --hull uses (default 2048)")
-    p.add_argument("--batch-size", type=int, metavar="B", help="tokens per batch (default: sized for ~512 MB)")
+    p.add_argument("--batch-size", type=int, metavar="B", help="tokens per batch of the streamed passes (default "
+                   "4096; the encoder takes fewer at a time when d_sae is large)")
+    p.add_argument("--latent-block", type=int, metavar="L", help="atoms per block of the screened products of tokens "
+                   "with every atom (default: blocks of about 256 MiB)")
     p.add_argument("--tol", type=float, default=1e-8, help="relative KKT tolerance of the exact codes, in "
                    f"[{CODES_TOL_RANGE[0]:g}, {CODES_TOL_RANGE[1]:g}] (default 1e-8)")
-    p.add_argument("--device", default="cpu", help=f"{DEVICE_CHOICES} (default cpu): where the streamed "
-                   "diagnostics and exact codes run")
+    p.add_argument("--device", default="cpu", help=f"{DEVICE_CHOICES} (default cpu): where the screened products of "
+                   "the exact codes and diagnostics run (the per-token solves run on the CPU)")
+    p.add_argument("--nproc", type=int, default=1, metavar="P", help="split the tokens over P processes (gloo; "
+                   "the report equals one process's); torchrun --nproc-per-node P -m dictcheck.proofs_checks.cli "
+                   "check-sae ... works as well")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(handler=check_sae)

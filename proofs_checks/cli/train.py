@@ -29,17 +29,12 @@ Fault injection for tests: ``DICTCHECK_FAULT_INJECT=RANK:STEP`` makes rank RANK 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import logging
 import os
 import signal
 import sys
-import time
-import traceback
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +43,13 @@ import numpy as np
 from dictcheck.empirics.architectures import REGISTRY, architecture, names
 from dictcheck.empirics.data.toys import TOYS, make_toy
 from dictcheck.proofs_checks.cli.inputs import load_points, output_dir, positive_lambda
+from dictcheck.proofs_checks.cli.ranks import (
+    failed_rank_line,
+    launch_ranks,
+    record_worker_crash,
+    report_worker_error,
+    user_error_line,
+)
 from dictcheck.proofs_checks.errors import UserError
 
 if TYPE_CHECKING:  # torch and the training loop load when a run starts, not when the parser is built
@@ -55,13 +57,7 @@ if TYPE_CHECKING:  # torch and the training loop load when a run starts, not whe
     from dictcheck.empirics.training.distributed import World
     from dictcheck.empirics.training.loop import TrainConfig
 
-#: Set by ``--nproc`` for its workers: they leave reporting errors to the launcher.
-_LAUNCHED_ENV = "DICTCHECK_LAUNCHED"
 _FAULT_ENV = "DICTCHECK_FAULT_INJECT"
-#: Namespace entries that are not options of the workers' command line.
-_NOT_FORWARDED = frozenset({"command", "handler", "nproc"})
-#: Worker exit code of a reported user error (the CLI's code for bad input).
-_USER_ERROR_EXIT = 2
 
 
 def _data(args: argparse.Namespace) -> Any:
@@ -135,22 +131,6 @@ def _fault_injection(rank: int) -> Callable[[int], None] | None:
     return on_step if rank == target_rank else None
 
 
-def _record_worker_error(message: str, trace: str | None = None) -> None:
-    """Write a worker's failure to torchrun's error file (``ProcessFailure`` reads ``message`` and
-    ``timestamp``; ``traceback`` is ours)."""
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:
-        Path(error_file).write_text(json.dumps({"message": message, "timestamp": int(time.time()), "traceback": trace}))
-
-
-def _report_worker_error(world_size: int, rank: int, message: str) -> int:
-    """A worker's user error: into torchrun's error file, and on stderr unless ``--nproc`` launched it."""
-    _record_worker_error(message)
-    if os.environ.get(_LAUNCHED_ENV) != "1":
-        sys.stderr.write(f"dictcheck: error: [rank {rank}/{world_size}] {message}\n")
-    return _USER_ERROR_EXIT
-
-
 def run_train(args: argparse.Namespace) -> int:
     """Handler of ``dictcheck train``: here, as one rank under torchrun, or launching ``--nproc`` ranks."""
     from dictcheck.empirics.training.distributed import SINGLE, env_world_size, process_group
@@ -173,15 +153,11 @@ def run_train(args: argparse.Namespace) -> int:
         with process_group(cuda=cfg.resolved_device().type == "cuda") as world:
             return _train_here(args, world, cfg)
     except UserError as exc:
-        return _report_worker_error(world_size, rank, str(exc))
+        return report_worker_error(world_size, rank, str(exc))
     except (ValueError, FileExistsError) as exc:
-        return _report_worker_error(world_size, rank, str(exc).splitlines()[0])
+        return report_worker_error(world_size, rank, str(exc).splitlines()[0])
     except Exception as exc:  # a crash, or a peer lost: the launcher reports it, not a traceback per rank
-        if os.environ.get(_LAUNCHED_ENV) != "1":
-            raise
-        first = (str(exc).splitlines() or [""])[0]
-        _record_worker_error(f"{type(exc).__name__}: {first}", traceback.format_exc())
-        return 1
+        return record_worker_crash(exc)
 
 
 def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None = None) -> int:
@@ -231,102 +207,25 @@ def _train_here(args: argparse.Namespace, world: World, cfg: TrainConfig | None 
     return 0
 
 
-def _worker_argv(args: argparse.Namespace) -> list[str]:
-    """The ``dictcheck train`` arguments of the workers: every given option but ``--nproc``
-    (each option's flag is ``--`` + its destination with ``_`` → ``-``)."""
-    argv: list[str] = []
-    for dest, value in vars(args).items():
-        if dest in _NOT_FORWARDED or value is None or value is False:
-            continue
-        flag = "--" + dest.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
-    return argv
-
-
-@contextlib.contextmanager
-def _quiet_launcher_logs() -> Iterator[None]:
-    """Silence the elastic agent's log records (the launcher reports a failure in one line itself)."""
-    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.launcher")]
-    saved = [(lg.propagate, list(lg.handlers)) for lg in loggers]
-    for lg in loggers:
-        lg.propagate = False
-        lg.handlers = [logging.NullHandler()]
-    try:
-        yield
-    finally:
-        for lg, (propagate, handlers) in zip(loggers, saved):
-            lg.propagate, lg.handlers = propagate, handlers
-
-
-def _recorded(failure: Any, key: str) -> str | None:
-    """A string field of what the failed worker wrote to its error file (None when absent)."""
-    data = getattr(failure, "error_file_data", None)
-    value = data.get(key) if isinstance(data, dict) else None
-    return value if isinstance(value, str) else None
-
-
-def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:
-    """The failure that explains the others: a user error, else a rank killed by a signal other than
-    SIGTERM, else a crash, else a rank the launcher terminated (SIGTERM); the earliest within a kind.
-    (When one rank dies its peers fail too, e.g. "connection reset" in a collective, or are terminated.)"""
-    def rank_key(item: tuple[int, Any]) -> tuple[int, float, int]:
-        rank, f = item
-        if f.exitcode == _USER_ERROR_EXIT and _recorded(f, "message"):
-            kind = 0
-        elif f.exitcode < 0:
-            kind = 3 if -f.exitcode == signal.SIGTERM else 1
-        else:
-            kind = 2
-        return kind, f.timestamp, rank
-
-    return min(failures.items(), key=rank_key)
+def _launch(args: argparse.Namespace) -> int:
+    """Run ``dictcheck train`` (minus ``--nproc``) in ``args.nproc`` ranks under torch's elastic launcher."""
+    return launch_ranks("train", args, lambda rank, failure: _failure_line(rank, failure, args.out))
 
 
 def _failure_line(rank: int, failure: Any, out: str) -> tuple[str, int]:
     """(one-line message, exit code) for the root failure of a launched job (a torch
     ``ProcessFailure``: ``exitcode``, ``signal_name()``, ``error_file_data``). A recorded traceback
     is saved as ``out/rank<r>_traceback.txt``."""
-    message = _recorded(failure, "message")
-    if failure.exitcode == _USER_ERROR_EXIT and message is not None:
-        return (f"rank {rank}: {message}" if rank else message), _USER_ERROR_EXIT
-    if failure.exitcode < 0:
-        what = f"rank {rank} was killed by {failure.signal_name()}"
-    else:
-        what = f"rank {rank} exited with code {failure.exitcode}"
-        trace = _recorded(failure, "traceback")
-        if trace is not None:
-            saved = Path(out) / f"rank{rank}_traceback.txt"
-            saved.parent.mkdir(parents=True, exist_ok=True)
-            saved.write_text(trace)
-            what += f" ({message}; traceback in {saved})"
+    user = user_error_line(rank, failure)
+    if user is not None:
+        return user
+    what = failed_rank_line(rank, failure, Path(out))
     from dictcheck.empirics.training.loop import latest_checkpoint
 
     ckpt = latest_checkpoint(out)
     hint = (f"; the newest checkpoint is {ckpt.name}: rerun the same command with --resume to continue"
             if ckpt is not None else "; no checkpoint was written yet")
     return f"distributed training failed: {what}{hint}", 1
-
-
-def _launch(args: argparse.Namespace) -> int:
-    """Run ``dictcheck train`` (minus ``--nproc``) in ``args.nproc`` ranks under torch's elastic launcher."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    nproc = int(args.nproc)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"dictcheck-{uuid.uuid4()}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    os.environ[_LAUNCHED_ENV] = "1"
-    try:
-        with _quiet_launcher_logs():
-            elastic_launch(config, sys.executable)("-m", "dictcheck.proofs_checks.cli", "train", *_worker_argv(args))
-    except ChildFailedError as exc:
-        message, code = _failure_line(*_root_failure(exc.failures), args.out)
-        sys.stderr.write(f"dictcheck: error: {message}\n")
-        return code
-    finally:
-        del os.environ[_LAUNCHED_ENV]
-    return 0
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

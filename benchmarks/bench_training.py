@@ -17,7 +17,7 @@ Setup (issue: d_in = 512, d_sae = 4096, batch 4096, float32, torch threads = 2):
 * **ours relu**: ``make_sae("relu", d_in, d_sae, lam=LAM)``; **ours topk** / **ours batchtopk**:
   ``make_sae("topk" | "batchtopk", ..., k=32)`` (aux_coef = 0, the option's default), each in two
   variants: ``sparse`` (the default: gathered decode and sparse encoder backward,
-  ``empirics.architectures.linear_sae.ActiveLatents``, the rows' top k read from the encoder product block by
+  ``empirics.kernels.active_latents.ActiveLatents``, the rows' top k read from the encoder product block by
   block, ``empirics.kernels.topk_select``, no dense codes) and ``dense`` (``sparse_decode = False``: z @ W_dec and
   autograd through the dense pre-activation; same numbers). One step is exactly the loop body of
   ``empirics.training.loop.train`` minus the batch gather: set the lr, ``forward``, ``zero_grad``,

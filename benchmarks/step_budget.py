@@ -68,7 +68,7 @@ def part_times(d_in: int, d_sae: int, batch: int, k: int, repeats: int) -> dict[
     res.loss.backward()  # a real step's gradients, for the parts after the backward
     xe = model._encoder_input(x).detach()  # x̃ = x − b_dec
     with torch.no_grad():  # the forward's ActiveLatents (its cache: the grouping both backward passes share)
-        act = model._encode(x)[2]  # _encode centres x itself, as forward calls it
+        act = model.encoding(x).active  # encoding centres x itself, as forward calls it
     W_enc, W_dec, b_enc = model.W_enc.detach(), model.W_dec.detach(), model.b_enc.detach()
     cuts = row_blocks(batch, d_sae, xe.element_size())
     block = xe[: cuts[1]] @ W_enc + b_enc  # one row block of the pre-activation, as encoder_topk makes it

@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.empirics.architectures import ArchOptions, build_model
 from dictcheck.empirics.architectures.featurizer import Featurizer
-from dictcheck.empirics.io.sae_folder import load_featurizer
+from dictcheck.empirics.io.formats import load_any_sae
 from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.empirics.training.loop import TrainConfig, TrainResult
 from dictcheck.empirics.training.loop import train as train_model
@@ -145,15 +145,18 @@ def check_dictionary(W: ArrayLike, X: ArrayLike, lam: float, *, bias: ArrayLike 
     return summary(result)
 
 
-def check_sae(folder: str | os.PathLike[str], X: ArrayLike | str | os.PathLike[str], lam: float | str | None = None,
-              **settings: Any) -> dict[str, Any]:
-    """A trained SAE folder (SAELens, sparsify or dictionary_learning) against the theory on tokens X: an
+def check_sae(folder: str | os.PathLike[str] | Any, X: ArrayLike | str | os.PathLike[str],
+              lam: float | str | None = None, **settings: Any) -> dict[str, Any]:
+    """A trained SAE against the theory on tokens X: a folder (SAELens, either save method; sparsify;
+    dictionary_learning; Gemma Scope) or an SAE object in memory (a SAELens ``SAE``/``TrainingSAE``, a sparsify
+    ``SparseCoder``, a dictionary_learning module, a dictcheck featurizer; TypeError for anything else). X: an
     (N, D) array, an ``.npy`` path or an activation store folder. The report of ``dictcheck check-sae --json``
     (docs/theory.md §3, §6, §7). ``lam``: a number, ``"auto"``, or None (the folder's λ, else auto);
     ``settings``: the fields of :class:`dictcheck.proofs_checks.sae_report.SaeCheckSettings` (``polish=True``,
     ``hull=True``, ``batch_size``, ...)."""
     data = rows(X) if not isinstance(X, (str, os.PathLike)) else X
-    return sae_report(str(folder), data, SaeCheckSettings(lam=lam if lam in (None, "auto") else _lam(lam), **settings))
+    source = str(folder) if isinstance(folder, (str, os.PathLike)) else folder
+    return sae_report(source, data, SaeCheckSettings(lam=lam if lam in (None, "auto") else _lam(lam), **settings))
 
 
 def polish(folder: str | os.PathLike[str], X: ArrayLike | str | os.PathLike[str], out: str | os.PathLike[str],
@@ -168,9 +171,12 @@ def polish(folder: str | os.PathLike[str], X: ArrayLike | str | os.PathLike[str]
                                                                **settings), resume=resume)
 
 
-def load_sae(folder: str | os.PathLike[str]) -> tuple[Featurizer, SaeConfig]:
-    """The model an SAE folder holds (any registered architecture, eval mode) and its config."""
-    return load_featurizer(folder)
+def load_sae(folder: str | os.PathLike[str] | Any) -> tuple[Featurizer, SaeConfig]:
+    """The model an SAE folder holds (any registered architecture, any format of :func:`check_sae`; eval mode)
+    and its config; an SAE object in memory is converted as its saved folder would load (TypeError for an
+    object of no accepted kind)."""
+    model, cfg, _ = load_any_sae(folder)
+    return model, cfg
 
 
 def train(X: ArrayLike, arch: str, d_sae: int, options: dict[str, Any] | ArchOptions | None = None, *,

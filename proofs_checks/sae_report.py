@@ -29,7 +29,6 @@ see :mod:`dictcheck.empirics.architectures.activation_normalisation` for the Dec
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +43,8 @@ from dictcheck.empirics.architectures import architecture
 from dictcheck.empirics.architectures.featurizer import Featurizer
 from dictcheck.empirics.metrics.reconstruction import StreamingMetrics
 from dictcheck.empirics.data.row_source import RowSource, open_rows
-from dictcheck.empirics.io.formats import load_any_sae
+from dictcheck.empirics.io.formats import load_any_sae, source_name
+from dictcheck.empirics.io.sae_folder import folder_names, training_architecture_of
 from dictcheck.empirics.io.saelens import SaeConfig
 from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, checked_lambda, checked_range
 from dictcheck.proofs_checks.dictionary_report import summary
@@ -68,7 +68,7 @@ from dictcheck.solvers.stream_diagnostics import (
     stream_diagnostics,
 )
 from dictcheck.theory.certificate import certified_gap
-from dictcheck.theory.scaling import LAMBDA_RANGE
+from dictcheck.theory.objective import check_lam
 
 __all__ = ["ANTIPODAL_COSINE", "DENSE_FIRING", "SaeCheckSettings", "sae_report"]
 
@@ -142,34 +142,6 @@ def _count(value: Any, name: str) -> int:
     return int(value)
 
 
-def _folder_lam(value: float, where: str) -> float:
-    """A λ read from a folder, within :data:`dictcheck.theory.scaling.LAMBDA_RANGE` like every other λ
-    (ValueError naming ``where`` otherwise)."""
-    low, high = LAMBDA_RANGE
-    if not low <= value <= high:
-        raise ValueError(f"the folder's λ = {value:g} ({where}) is outside the accepted range [{low:g}, {high:g}]; "
-                         "give --lam")
-    return value
-
-
-def _lam_from_folder(cfg: SaeConfig, arch: str) -> tuple[float | None, str]:
-    """The folder's λ of objective (1) and where it comes from, or (None, why not); ValueError for a λ outside
-    :data:`dictcheck.theory.scaling.LAMBDA_RANGE`."""
-    if arch not in ("relu", "abs"):
-        return None, f"a {arch} SAE is not trained on objective (1)"
-    lam = cfg.dictcheck.get("lam")
-    if isinstance(lam, (int, float)) and not isinstance(lam, bool) and lam > 0:
-        return _folder_lam(float(lam), "metadata.dictcheck.lam"), "metadata.dictcheck.lam"
-    details = cfg.metadata.get("training_architecture_details")
-    if isinstance(details, dict) and isinstance(details.get("l1_coefficient"), (int, float)):
-        if details.get("lp_norm", 1.0) != 1.0:
-            return None, f"SAELens trained it with an l{details['lp_norm']} penalty, not objective (1)'s l1"
-        c = float(details["l1_coefficient"])
-        if c > 0:
-            return _folder_lam(c / 2, f"SAELens l1_coefficient c = {c:g}, λ = c/2"), (
-                f"SAELens l1_coefficient c = {c:g}: its loss mean_t[‖x − x̂‖² + c·Σ_d z_d‖w_d‖] is "
-                "objective (1) with unit atoms and 2λ = c")
-    return None, "the folder records no λ (no metadata.dictcheck.lam, no SAELens l1_coefficient)"
 
 
 def resolve_lam(directory: str, model: Featurizer, cfg: SaeConfig, src: RowSource, lam: float | str | None,
@@ -185,10 +157,11 @@ def resolve_lam(directory: str, model: Featurizer, cfg: SaeConfig, src: RowSourc
     if isinstance(lam, (int, float)) and not isinstance(lam, bool):
         value, source = float(lam), "given"
     else:
-        folder_lam, why = _lam_from_folder(cfg, model.arch)
+        trained = training_architecture_of(cfg)  # its objective and where its λ is recorded
+        folder_lam, why = trained.lam_from_folder(cfg)
         if lam is None and folder_lam is not None:
             value, source, info["note"] = folder_lam, "folder", why
-        elif lam is None and architecture(model.arch).trains_objective_1:
+        elif lam is None and trained.trains_objective_1:
             raise ValueError(f"{directory}: {why}; give --lam (λ of objective (1)) or --lam auto")
         else:
             lo, hi = (0, src.n_rows) if token_range is None else token_range
@@ -205,9 +178,7 @@ def resolve_lam(directory: str, model: Featurizer, cfg: SaeConfig, src: RowSourc
             info = {"target_l0": target, "sample_l0_exact": found.l0, "sample_tokens": int(idx.size),
                     "bisection_steps": found.iterations, "lam_max": found.lam_max,
                     "note": "λ at which the exact codes' mean L0 equals the SAE's on an evenly spaced sample"}
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"λ must be a positive finite number, got {value}")
-    return value, source, info
+    return check_lam(value, "λ"), source, info
 
 
 def _encoder_pass(model: Featurizer, x: NDArray) -> tuple[NDArray, NDArray, NDArray]:
@@ -318,10 +289,11 @@ def _token_range(n: int, reduce: Reduction) -> tuple[int, int]:
     return n * reduce.rank // reduce.size, n * (reduce.rank + 1) // reduce.size
 
 
-def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = None,
+def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | None = None,
                log: Callable[[str], None] | None = None, reduce: Reduction = LOCAL) -> dict[str, Any]:
     """Everything ``check-sae`` reports (module docstring): the JSON object of ``check-sae --json``.
 
+    ``directory``: an SAE folder, or an SAE object in memory (:func:`dictcheck.empirics.io.formats.load_any_sae`).
     ``data``: an (N, D) array, an ``.npy`` path or an activation store folder, one token per row. With ``reduce``
     over P processes (``check-sae --nproc P`` or torchrun) each process takes a contiguous 1/P of the tokens,
     every sum over tokens is combined (:class:`~dictcheck.solvers.reductions.Reduction`), λ auto's bisection
@@ -334,6 +306,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     model, cfg, fmt = load_any_sae(directory)
+    directory = source_name(directory)
     arch = architecture(model.arch)
     if arch.family != "sae":
         raise ValueError(f"{directory}: check-sae checks linear SAEs; architecture {model.arch!r} is a {arch.family} "
@@ -429,7 +402,7 @@ def sae_report(directory: str, data: Any, settings: SaeCheckSettings | None = No
         seconds=time.perf_counter() - t0))
     encoder_objective = first.encoder_objective_sum / N
     report.update(
-        arch=model.arch, format=fmt, d_in=cfg.d_in, d_sae=cfg.d_sae, n_tokens=N, data=src_all.name,
+        **folder_names(cfg, model.arch), format=fmt, d_in=cfg.d_in, d_sae=cfg.d_sae, n_tokens=N, data=src_all.name,
         lam=lam, lam_source=lam_source, lam_details=lam_info,
         l0_sae=first.l0_sae, l0_exact=float(reduce.sum(np.array([first.codes.nnz], dtype=np.float64))[0]) / N,
         signed_codes=first.signed,

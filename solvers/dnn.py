@@ -28,7 +28,7 @@ import cvxpy as cp
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from dictcheck.theory.objective import q_program
+from dictcheck.theory.objective import check_lam, q_program
 
 DEFAULT_SOLVERS: tuple[str, ...] = ("CLARABEL", "SCS")
 #: Settings run in turn for each solver; the tightest that ends "optimal" is returned. Q's accuracy
@@ -87,8 +87,7 @@ def solve_dnn(
         raise ValueError(f"X must have shape (D, N) with N >= 1, got {X.shape}")
     if not np.all(np.isfinite(X)):
         raise ValueError("X contains NaN or inf")
-    if not np.isfinite(lam) or lam <= 0:
-        raise ValueError(f"lam must be positive and finite, got {lam}")
+    lam = check_lam(lam)
     D, N = X.shape
     learned = b is None
     Q = cp.Variable((N, N), symmetric=True)

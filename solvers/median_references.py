@@ -51,6 +51,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dictcheck.theory.huber import geometric_median_objective, huber_objective
+from dictcheck.theory.objective import check_lam
 
 REFERENCE_SOLVER = "CLARABEL"
 DEFAULT_TOLERANCES: tuple[float, ...] = (1e-12, 1e-11, 1e-10, 1e-9, 1e-8)
@@ -153,8 +154,7 @@ def huber_median_cvxpy(
     (default) or "atom" (cp.huber of the norms); see the module docstring. With ``fallback``, an
     epigraph solve that fails at every tolerance is repeated with the atom formulation.
     """
-    if not np.isfinite(lam) or lam <= 0:
-        raise ValueError(f"lam must be positive and finite, got {lam}")
+    lam = check_lam(lam)
     if formulation not in HUBER_FORMULATIONS:
         raise ValueError(f"formulation must be one of {HUBER_FORMULATIONS}, got {formulation!r}")
     X, centre, scale = _prepare(X)

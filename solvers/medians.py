@@ -34,6 +34,7 @@ from numpy.typing import NDArray
 
 from dictcheck.theory.huber import huber_objective_hessian
 from dictcheck.theory.scaling import canonical_scale
+from dictcheck.theory.objective import check_lam
 
 
 _MAX_NEWTON_DIM = 512
@@ -227,8 +228,7 @@ def huber_median(
     """
     start = time.perf_counter()
     X = _validate(X)
-    if not np.isfinite(lam) or lam <= 0:
-        raise ValueError(f"lam must be positive and finite, got {lam}")
+    lam = check_lam(lam)
     sigma = canonical_scale(lam)
     return _huber_median(X / sigma, lam / sigma, tol, max_iter, None if b0 is None else np.asarray(b0) / sigma,
                          start).scaled(sigma, 2)

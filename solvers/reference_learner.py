@@ -39,7 +39,7 @@ from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, minres
 
 from dictcheck.theory.diagnostics import active_sets, correlations, kkt_violation, residuals
-from dictcheck.theory.objective import centred, ridge_decoder, sae_objective, to_balanced, to_unit_atoms
+from dictcheck.theory.objective import centred, check_lam, ridge_decoder, sae_objective, to_balanced, to_unit_atoms
 
 #: Added to every balanced initial code (spec §2.2, zero-row trap).
 INIT_OFFSET = 1e-3
@@ -264,9 +264,7 @@ def fit_reference(
     if X.ndim != 2:
         raise ValueError(f"X must be (D, N), got shape {X.shape}")
     D, N = X.shape
-    lam = float(lam)
-    if lam <= 0:
-        raise ValueError(f"lam must be > 0, got {lam}")
+    lam = check_lam(lam)
     W0 = np.asarray(W0, dtype=np.float64)
     if W0.ndim != 2 or W0.shape[0] != D:
         raise ValueError(f"W0 must be (D={D}, d_z), got shape {W0.shape}")

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.architectures.bilinear import ARCHS, HOYER_WARMUP_STEPS, hoyer_mean
+from dictcheck.empirics.architectures import REGISTRY, architecture, build_model
+from dictcheck.empirics.architectures.bilinear import HOYER_WARMUP_STEPS, hoyer_mean
 from dictcheck.empirics.io.sae_folder import load_featurizer, load_sae, new_sae_config, save_sae
 from dictcheck.theory.bilinear_lifted import (
     BilinearDictionary,
@@ -408,7 +408,8 @@ def test_options_defaults_and_errors():
         architecture("bilinear-cubic")
     with pytest.raises(ValueError, match="no centring vector"):
         _model("bilinear-atomic", {}).set_centring_(torch.zeros(5))
-    assert set(ARCHS) == {"bilinear-quadratic", "bilinear-atomic", "bilinear-compound"}
+    assert {n for n, a in REGISTRY.items() if a.family == "bilinear"} == {"bilinear-quadratic", "bilinear-atomic",
+                                                                          "bilinear-compound"}
 
 
 # ----------------------------------------------------------------------------- ordered variant (§10)

@@ -10,13 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dictcheck.empirics.architectures import architecture
-from dictcheck.empirics.architectures import architecture, build_model
-from dictcheck.empirics.architectures.bsf import ARCHS, BlockSparseFeaturizer
-from dictcheck.empirics.kernels.straight_through import StepFn
+from dictcheck.empirics.architectures import REGISTRY, architecture, build_model
+from dictcheck.empirics.architectures.bsf import BlockSparseFeaturizer
 from dictcheck.empirics.architectures.featurizer import FeaturizerOutput
+from dictcheck.empirics.kernels.straight_through import StepFn
 from dictcheck.theory.block_sparse import block_soft_threshold as np_soft_threshold
 from dictcheck.theory.block_sparse import block_topk as np_topk
+
+ARCHS = [name for name, a in REGISTRY.items() if a.family == "bsf"]
 
 D, N_B, Q, K = 6, 4, 2, 2
 F64 = torch.float64

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dictcheck.empirics.architectures.featurizer import FeaturizerOutput
-from dictcheck.empirics.architectures.linear_sae import ARCHS, SparseAutoencoder, make_sae
+from dictcheck.empirics.architectures import REGISTRY, architecture
+from dictcheck.empirics.architectures.linear_sae import LinearSAE, make_sae
 from dictcheck.empirics.kernels.straight_through import JumpReLUFn, StepFn
 from dictcheck.theory.objective import sae_objective
 
@@ -21,10 +22,16 @@ def _f(t) -> float:
     return float(t.detach()) if isinstance(t, torch.Tensor) else float(t)
 
 
+#: Every linear SAE architecture.
+ARCHS = [name for name, a in REGISTRY.items() if a.family == "sae"]
+
+
+def _takes(arch: str, option: str) -> bool:
+    return option in architecture(arch).Options.field_names()
+
+
 def _kw(arch: str) -> dict:
-    if arch in ("topk", "batchtopk"):
-        return {"k": 3}
-    return {"lam": 0.1}
+    return {"k": 3} if _takes(arch, "k") else {"lam": 0.1}
 
 
 def _x(seed: int = 1, n: int = B, d: int = D_IN, dtype=torch.float32) -> torch.Tensor:
@@ -35,7 +42,7 @@ def _x(seed: int = 1, n: int = B, d: int = D_IN, dtype=torch.float32) -> torch.T
 @pytest.mark.parametrize("arch", ARCHS)
 def test_shapes_and_output_fields(arch):
     sae = make_sae(arch, D_IN, D_SAE, **_kw(arch))
-    assert isinstance(sae, SparseAutoencoder)
+    assert isinstance(sae, LinearSAE)
     assert sae.arch == arch and sae.d_in == D_IN and sae.d_sae == D_SAE and sae.apply_b_dec_to_input
     assert tuple(sae.W_enc.shape) == (D_IN, D_SAE)
     assert tuple(sae.b_enc.shape) == (D_SAE,)
@@ -295,15 +302,17 @@ def test_auxk_zero_residual_variance_is_zero_not_nan():
     assert _f(out.aux_loss) == 0.0
 
 
-def test_auxk_ignored_for_non_topk_archs():
-    sae = make_sae("relu", D_IN, D_SAE, lam=0.1, aux_coef=1.0)
-    out = sae(_x(), dead_mask=torch.ones(D_SAE, dtype=torch.bool))
+def test_an_option_the_architecture_does_not_take_is_refused():
+    with pytest.raises(ValueError, match=r"does not take option\(s\) \['aux_coef'\]"):
+        make_sae("relu", D_IN, D_SAE, lam=0.1, aux_coef=1.0)
+    out = make_sae("relu", D_IN, D_SAE, lam=0.1)(_x(), dead_mask=torch.ones(D_SAE, dtype=torch.bool))
     assert _f(out.aux_loss) == 0.0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_state_weights_round_trip(arch):
-    src = make_sae(arch, D_IN, D_SAE, seed=1, init_threshold=0.05, **_kw(arch))
+    src = make_sae(arch, D_IN, D_SAE, seed=1, **({"init_threshold": 0.05} if _takes(arch, "init_threshold") else {}),
+                   **_kw(arch))
     with torch.no_grad():
         src.b_enc.normal_(generator=torch.Generator().manual_seed(0))
         src.b_dec.normal_(generator=torch.Generator().manual_seed(1))
@@ -337,8 +346,11 @@ def test_load_state_weights_errors():
         sae.load_state_weights({**w, "foo": torch.zeros(1)})
     with pytest.raises(ValueError, match="shape"):
         sae.load_state_weights({**w, "b_dec": torch.zeros(D_IN + 1)})
-    with pytest.raises(ValueError, match="positive"):
-        sae.load_state_weights({**w, "threshold": torch.zeros(D_SAE)})
+    with pytest.raises(ValueError, match=">= 0"):
+        sae.load_state_weights({**w, "threshold": torch.full((D_SAE,), -0.1)})
+    sae.load_state_weights({**w, "threshold": torch.zeros(D_SAE)})  # θ = 0: SAELens' clamp, z = ReLU(a)
+    x = _x()
+    assert torch.equal(sae.eval().encode(x), torch.relu(sae.pre_activation(x)))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -360,15 +372,17 @@ def test_dtype_float64():
 
 
 def test_clear_errors():
-    with pytest.raises(ValueError, match="unknown SAE architecture"):
-        make_sae("gated", D_IN, D_SAE)
+    with pytest.raises(ValueError, match="arch must be one of"):
+        make_sae("no-such-arch", D_IN, D_SAE)
+    with pytest.raises(ValueError, match="not a linear SAE"):
+        make_sae("bsf-vanilla", D_IN, D_SAE)
     for arch in ("topk", "batchtopk"):
-        with pytest.raises(ValueError, match="requires k"):
+        with pytest.raises(ValueError, match="needs k"):
             make_sae(arch, D_IN, D_SAE)
-        with pytest.raises(ValueError, match="k must be"):
+        with pytest.raises(ValueError, match=r"needs k, an int in \[1, d_sae=24\], got 25"):
             make_sae(arch, D_IN, D_SAE, k=D_SAE + 1)
     for arch in ("relu", "jumprelu", "abs"):
-        with pytest.raises(ValueError, match="requires lam"):
+        with pytest.raises(ValueError, match="needs lam"):
             make_sae(arch, D_IN, D_SAE)
         with pytest.raises(ValueError, match="lam must be"):
             make_sae(arch, D_IN, D_SAE, lam=-1.0)
@@ -492,7 +506,7 @@ def test_batch_topk_selection_equals_flat_topk(seed, n, d, k, zero_frac):
     """The candidate-based batch top-k keeps exactly the entries of a flat top-(k·B) of ReLU(a):
     rows of very different scale hold more than 2k of them (the heavy-row path), negative
     pre-activations force ties at 0."""
-    from dictcheck.empirics.architectures.linear_sae import _batch_topk
+    from dictcheck.empirics.architectures.batchtopk import _batch_topk
 
     k = min(k, d)
     g = torch.Generator().manual_seed(seed)

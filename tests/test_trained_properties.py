@@ -253,8 +253,8 @@ def test_polish_fails_when_it_never_learns_the_bias(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("arch, options, owner, hook", [
-    ("relu", {"lam": 0.1}, linear_sae.SparseAutoencoder, "normalise_decoder_"),
-    ("bsf-vanilla", {"k": 1, "block_size": 2}, bsf.BlockSparseFeaturizer, "project_parameters_"),
+    ("relu", {"lam": 0.1}, linear_sae.LinearSAE, "normalise_decoder_"),
+    ("bsf-vanilla", {"k": 1, "block_size": 2}, bsf.VanillaBSF, "project_parameters_"),
 ])
 def test_constraints_fail_when_the_projection_is_skipped(monkeypatch: pytest.MonkeyPatch, arch: str, options: dict,
                                                          owner: type, hook: str) -> None:

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from dictcheck.empirics.architectures import REGISTRY, architecture, build_model
+from dictcheck.empirics.architectures.base import OptionsContext
 from dictcheck.empirics.training.distributed import World, process_group
 from dictcheck.empirics.architectures.featurizer import Featurizer
 from dictcheck.empirics.data.manifold_toy import ManifoldConfig, make_manifold_benchmark
@@ -215,39 +216,12 @@ _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _options(draw: st.DrawFn, arch: str, d_sae: int, q: int, problem: Problem) -> dict[str, Any]:
-    """Options of ``arch`` at width ``d_sae`` (block size ``q`` for the BSFs)."""
+    """Options of ``arch`` at width ``d_sae`` (block size ``q`` for the BSFs): the architecture's own strategy
+    (:meth:`Architecture.draw_options`)."""
     k = draw(st.integers(1, min(d_sae, 4)))
-    if arch in ("relu", "abs"):
-        return {"lam": problem.lam}
-    if arch == "jumprelu":
-        return {"lam": problem.lam, "init_threshold": draw(st.sampled_from([1e-3, 0.1]))}
-    if arch == "topk":
-        return {"k": k, "aux_coef": draw(st.sampled_from([0.0, 1 / 32]))}
-    if arch == "batchtopk":
-        return {"k": k, "aux_coef": draw(st.sampled_from([0.0, 1 / 32])),
-                "batchtopk_momentum": draw(st.sampled_from([0.01, 0.5]))}
-    n_b = d_sae // q
-    if arch in ("bsf-vanilla", "bsf-grassmann"):
-        return {"block_size": q, "k": draw(st.integers(1, n_b)), "denoise": draw(st.sampled_from([0.0, 0.1]))}
-    if arch == "bsf-grouplasso":
-        gate = draw(st.sampled_from(["shrink", "ste"]))
-        opts = {"block_size": q, "gate": gate, "c_gl": draw(st.sampled_from([1e-3, 1e-2])),
-                "denoise": draw(st.sampled_from([0.0, 0.1]))}
-        return {**opts, "k_target": draw(st.integers(1, n_b))} if gate == "ste" else opts
-    if arch.startswith("bilinear-"):
-        opts: dict[str, Any] = {"hoyer_coef": draw(st.sampled_from([0.0, 0.1])), "tile": draw(st.sampled_from([0, 2]))}
-        if arch == "bilinear-quadratic":
-            opts["decoder"] = draw(st.sampled_from(["symmetric", "asymmetric"]))
-        if arch == "bilinear-compound":
-            n_atoms = draw(st.integers(1, 2 * d_sae))
-            opts.update(n_atoms=n_atoms, k_c=draw(st.integers(1, min(n_atoms, 4))),
-                        c_l1=draw(st.sampled_from([0.0, 1e-3])))
-        return opts
-    if arch == "vasae":
-        anchored = draw(st.booleans())
-        return {"k": k, "anchor_coef": 0.1 if anchored else 0.0, "anchor_every": draw(st.integers(1, 3)),
-                "anchor_source": _embedding_file(problem.D) if anchored else None}
-    raise AssertionError(f"no option strategy for arch {arch!r}: add one when registering an architecture")
+    ctx = OptionsContext(d_in=problem.D, d_sae=d_sae, block_size=q, k=k, lam=problem.lam,
+                         embedding=lambda: _embedding_file(problem.D))
+    return architecture(arch).draw_options(draw, st, ctx)
 
 
 @st.composite
@@ -271,7 +245,7 @@ def runs(draw: st.DrawFn, problem: st.SearchStrategy[Problem] | None = None,
         d_sae = draw(st.integers(1, max_width))
     options = _options(draw, arch, d_sae, q, prob)
     a = architecture(arch)
-    b_dec_init = draw(st.sampled_from([i for i in a.b_dec_inits if i != "huber_median" or arch == "relu"]))
+    b_dec_init = draw(st.sampled_from(list(a.b_dec_inits)))
     n_steps = draw(st.integers(*steps))
     lr = draw(st.one_of(st.none(), st.floats(1e-4, 3e-2)))
     config = TrainConfig(steps=n_steps, batch_size=draw(st.sampled_from(batch_sizes)), lr=lr,
@@ -308,7 +282,7 @@ class LinearDictionary:
         W_raw = model.W_dec.detach().to(torch.float64).numpy().T
         W, _ = to_unit_atoms(W_raw, np.zeros((W_raw.shape[1], 0)))
         norms = np.linalg.norm(W_raw, axis=0)
-        signed = model.arch == "abs"
+        signed = architecture(model.arch).signed_codes
 
         def encode(X: NDArray) -> NDArray[np.float64]:
             with torch.no_grad():

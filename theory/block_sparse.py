@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.theory.huber import huber
+from dictcheck.theory.objective import check_lam
 
 __all__ = [
     "NORM_CLAMP",
@@ -101,12 +102,6 @@ def _dictionary(W: ArrayLike, D: int) -> NDArray[np.float64]:
     return W
 
 
-def _lam(lam: float) -> float:
-    if not (np.isfinite(lam) and lam >= 0):
-        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
-    return float(lam)
-
-
 def _point(x: ArrayLike) -> NDArray[np.float64]:
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 1 or not np.all(np.isfinite(x)):
@@ -126,7 +121,7 @@ def block_wide_objective(x: ArrayLike, W: ArrayLike, z: ArrayLike, lam: float) -
     if z.shape != (W.shape[0], W.shape[2]):
         raise ValueError(f"z must have shape (n_b, q) = {(W.shape[0], W.shape[2])}, got {z.shape}")
     resid = x - np.einsum("gdq,gq->d", W, z)
-    return float(resid @ resid + 2.0 * _lam(lam) * np.linalg.norm(z, axis=-1).sum())
+    return float(resid @ resid + 2.0 * check_lam(lam, zero=True) * np.linalg.norm(z, axis=-1).sum())
 
 
 def block_wide_bound(x: ArrayLike, lam: float, op_norm: float = 1.0) -> float:
@@ -141,7 +136,7 @@ def block_wide_bound(x: ArrayLike, lam: float, op_norm: float = 1.0) -> float:
     """
     if not (np.isfinite(op_norm) and op_norm > 0):
         raise ValueError(f"op_norm must be a finite number > 0, got {op_norm!r}")
-    return float(huber(np.linalg.norm(_point(x)), _lam(lam) / op_norm))
+    return float(huber(np.linalg.norm(_point(x)), check_lam(lam, zero=True) / op_norm))
 
 
 def _orthonormal_block(W_g: ArrayLike, D: int, tol: float) -> NDArray[np.float64]:
@@ -164,7 +159,7 @@ def orthonormal_block_code(W_g: ArrayLike, x: ArrayLike, lam: float, *, tol: flo
     """
     x = _point(x)
     W_g = _orthonormal_block(W_g, x.shape[0], tol)
-    return block_soft_threshold((W_g.T @ x)[None, :], _lam(lam))[0]
+    return block_soft_threshold((W_g.T @ x)[None, :], check_lam(lam, zero=True))[0]
 
 
 def orthonormal_block_value(W_g: ArrayLike, x: ArrayLike, lam: float, *, tol: float = 1e-10) -> float:
@@ -175,7 +170,7 @@ def orthonormal_block_value(W_g: ArrayLike, x: ArrayLike, lam: float, *, tol: fl
     """
     x = _point(x)
     u = _orthonormal_block(W_g, x.shape[0], tol).T @ x
-    return float(x @ x - u @ u + huber(np.linalg.norm(u), _lam(lam)))
+    return float(x @ x - u @ u + huber(np.linalg.norm(u), check_lam(lam, zero=True)))
 
 
 def lam_from_group_lasso_coef(c: float, D: int) -> float:

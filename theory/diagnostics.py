@@ -37,7 +37,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dictcheck.theory.certificate import cert_ratio
-from dictcheck.theory.objective import centred, sae_objective
+from dictcheck.theory.objective import centred, check_lam, sae_objective
 
 #: Relative factor of the default activity threshold τ_act = ACTIVITY_RTOL · max z (spec §1).
 ACTIVITY_RTOL = 1e-6
@@ -522,8 +522,7 @@ def dictionary_diagnostics(
     Cost: O(d_z·D·N + d_z²·N) time and O(d_z² + d_z·N) memory (the cosine matrix and Φ are dense).
     ``hull_prime_per_atom[j]`` is max_d |c_dj − Σ_i π_ji φ_id| (column j of (5′)).
     """
-    if lam <= 0:
-        raise ValueError(f"lam must be > 0, got {lam}")
+    lam = check_lam(lam)
     Z = clean_codes(Z)
     W = unit_atom_norm_check(W, Z)
     X = np.asarray(X, dtype=np.float64)

@@ -6,10 +6,21 @@ Every value is a mean over the N points.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+
+def check_lam(lam: object, name: str = "lam", *, zero: bool = False) -> float:
+    """λ of objective (1) (or another sparsity price) as a float: a finite real number > 0 (≥ 0 with ``zero``);
+    ValueError naming ``name`` otherwise. Every layer validates λ with this function."""
+    ok = isinstance(lam, (numbers.Real, np.floating, np.integer)) and not isinstance(lam, bool)
+    if not ok or not math.isfinite(lam) or lam < 0 or (lam == 0 and not zero):
+        raise ValueError(f"{name} must be a finite number {'>=' if zero else '>'} 0, got {lam!r}")
+    return float(lam)
 
 
 def centred(X: NDArray, b: ArrayLike) -> NDArray[np.float64]:

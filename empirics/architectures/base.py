@@ -52,6 +52,8 @@ __all__ = [
     "option",
     "register",
     "unregister",
+    "ForeignWeights",
+    "OptionsContext",
     "REGISTERED",
     "require_int",
     "require_real",
@@ -59,6 +61,9 @@ __all__ = [
 
 #: Tensor name -> (shape, required).
 Schema = dict[str, tuple[tuple[int, ...], bool]]
+#: What an architecture reads from a foreign library's module: (weights under the saved names, its
+#: ``metadata.dictcheck.<fields_key>`` fields, SAELens cfg fields that differ from its defaults).
+ForeignWeights = tuple[dict[str, "torch.Tensor"], dict[str, Any], dict[str, Any]]
 #: Options saved outside ``training.options`` (see the module docstring).
 TOP_LEVEL_OPTIONS = ("k", "lam", "aux_coef")
 
@@ -133,10 +138,24 @@ class Architecture:
     #: Top-level cfg.json fields beyond SaeConfig's that this architecture implements (e.g. SAELens'
     #: ``rescale_acts_by_decoder_norm`` for TopK); any other is refused when a folder is read.
     cfg_fields: ClassVar[frozenset[str]] = frozenset()
+    #: The objective its training minimises, in words (reports quote it).
+    objective: ClassVar[str] = ""
+    #: Its training loss is objective (1) at its option ``lam`` (docs/theory.md §1): a folder's λ is objective
+    #: (1)'s, and ``check-sae`` needs one (given or recorded).
+    trains_objective_1: ClassVar[bool] = False
     #: Parameters an encoder fit with the decoder frozen trains (empty: none).
     encoder_weights: ClassVar[tuple[str, ...]] = ()
-    #: Its training loss is objective (1) at its option ``lam`` (λ of (1) is its sparsity coefficient).
-    trains_objective_1: ClassVar[bool] = False
+    #: Whether its codes may be negative (docs/theory.md §4.5).
+    signed_codes: ClassVar[bool] = False
+    #: The saprmarks/dictionary_learning class (``trainer.dict_class``) read as this architecture, if any.
+    dl_class: ClassVar[str | None] = None
+    #: SAELens' training architecture (``TrainingSAEConfig.architecture()``: the ``architecture`` of a folder
+    #: written by ``save_model``, ``metadata.training_architecture`` of either save method), if SAELens trains it.
+    saelens_training_name: ClassVar[str | None] = None
+    #: The top-level fields of SAELens' training config class that only affect training (the fields of
+    #: ``TrainingSAEConfig`` subclasses not in the inference config, docs/ecosystem.md §1): accepted in a
+    #: folder and reported, never used.
+    saelens_training_fields: ClassVar[frozenset[str]] = frozenset()
 
     # ------------------------------------------------------------------ options
     def default_lr(self, d_sae: int) -> float:
@@ -245,8 +264,50 @@ class Architecture:
             raise ValueError(f"field 'normalize_activations' = {cfg.normalize_activations!r} is not implemented for "
                              f"architecture {self.name!r}")
 
+    def lam_from_folder(self, cfg: SaeConfig) -> tuple[float | None, str]:
+        """The λ of objective (1) a folder records and where it comes from, or (None, why not): none unless the
+        architecture is trained on objective (1) (:attr:`trains_objective_1`)."""
+        return None, f"a {self.name} SAE is not trained on objective (1)"
+
+    def from_dictionary_learning(self, sd: Mapping[str, torch.Tensor]) -> ForeignWeights:
+        """(weights under the saved names, ``metadata.dictcheck.<fields_key>`` fields, SAELens cfg fields that
+        differ from the architecture's defaults) from the state dict of a :attr:`dl_class` module (KeyError
+        naming a missing tensor)."""
+        raise NotImplementedError(f"arch {self.name!r} reads no dictionary_learning folder")
+
+    def from_saelens_training(self, weights: dict[str, torch.Tensor], cfg: SaeConfig) -> dict[str, torch.Tensor]:
+        """The weights of a folder SAELens' ``save_model`` wrote (``architecture`` = :attr:`saelens_training_name`)
+        under the saved names of :meth:`weight_schema`, computed as ``save_inference_model`` would save them;
+        by default the same tensors."""
+        return weights
+
+    def prefix_widths(self, cfg: SaeConfig) -> tuple[int, ...] | None:
+        """The widths of the nested prefixes a folder of this (training) architecture holds, each a dictionary
+        of its own (e.g. Matryoshka SAEs), or None."""
+        return None
+
+    def draw_options(self, draw: Any, st: Any, ctx: OptionsContext) -> dict[str, Any]:
+        """Options drawn by hypothesis for the trained-model property tests (tests/trained_properties.py):
+        ``draw`` and the strategies module ``st`` come from the test, ``ctx`` the problem's sizes."""
+        raise NotImplementedError(f"arch {self.name!r} has no options strategy: add draw_options")
+
     def __repr__(self) -> str:
         return f"<architecture {self.name!r} ({self.family})>"
+
+
+@dataclass(frozen=True)
+class OptionsContext:
+    """What :meth:`Architecture.draw_options` may use: the input width and the width, a block size that
+    divides it, a drawn number of active latents ``k`` (≤ min(d_sae, 4)), the problem's λ, and
+    ``embedding()``, which writes a token-embedding file of width d_in for anchored models and returns its
+    path."""
+
+    d_in: int
+    d_sae: int
+    block_size: int
+    k: int
+    lam: float
+    embedding: Any
 
 
 #: The architectures registered so far (:mod:`dictcheck.empirics.architectures.registry` imports their modules on

@@ -72,6 +72,7 @@ from torch.utils.checkpoint import checkpoint
 from dictcheck.empirics.architectures.base import (
     ArchOptions,
     Architecture,
+    OptionsContext,
     Schema,
     option,
     register,
@@ -82,7 +83,6 @@ from dictcheck.empirics.architectures.featurizer import Featurizer, FeaturizerOu
 from dictcheck.theory.bilinear_lifted import BilinearDictionary, DECODERS, block_pairs, kernel_block, quadratic_term
 
 __all__ = [
-    "ARCHS",
     "ATOMS",
     "HOYER_ON",
     "HOYER_WARMUP_STEPS",
@@ -99,7 +99,6 @@ __all__ = [
     "Compound",
 ]
 
-ARCHS = ("bilinear-quadratic", "bilinear-atomic", "bilinear-compound")
 HOYER_WARMUP_STEPS = 256  # spec §5, s(t) = min(1, t/256)
 TOKEN_NORMALISATION = "x/||x||, zero rows dropped"
 CALIBRATION_TOKENS = 256  # init scale calibration (Decision, module docstring)
@@ -515,6 +514,9 @@ class Bilinear(Architecture):
         return ("the Hoyer density is computed per latent over each rank's B/P tokens, and the lifted loss is "
                 "normalised by each rank's own count of nonzero tokens")
 
+    def draw_options(self, draw: Any, st: Any, ctx: OptionsContext) -> dict[str, Any]:
+        return {"hoyer_coef": draw(st.sampled_from([0.0, 0.1])), "tile": draw(st.sampled_from([0, 2]))}
+
     def init_model(self, d_in: int, d_sae: int, options: ArchOptions, *, seed: int, dtype: torch.dtype) -> Featurizer:
         return BilinearAutoencoder(self.name, d_in, d_sae, seed=seed, dtype=dtype, **options.to_dict())
 
@@ -529,6 +531,9 @@ class Quadratic(Bilinear):
 
     def weight_schema(self, d_in: int, d_sae: int, fields: Mapping[str, Any]) -> Schema:
         return {"U": ((d_sae, d_in), True), "V": ((d_sae, d_in), True)}
+
+    def draw_options(self, draw: Any, st: Any, ctx: OptionsContext) -> dict[str, Any]:
+        return {**super().draw_options(draw, st, ctx), "decoder": draw(st.sampled_from(["symmetric", "asymmetric"]))}
 
 
 @register
@@ -547,6 +552,12 @@ class Compound(Bilinear):
     name = "bilinear-compound"
     saved_name = "dictcheck/bilinear-compound"
     Options = CompoundOptions
+
+    def draw_options(self, draw: Any, st: Any, ctx: OptionsContext) -> dict[str, Any]:
+        opts = super().draw_options(draw, st, ctx)
+        n_atoms = draw(st.integers(1, 2 * ctx.d_sae))
+        return {**opts, "n_atoms": n_atoms, "k_c": draw(st.integers(1, min(n_atoms, 4))),
+                "c_l1": draw(st.sampled_from([0.0, 1e-3]))}
 
     def weight_schema(self, d_in: int, d_sae: int, fields: Mapping[str, Any]) -> Schema:
         n_a = fields.get("n_atoms")

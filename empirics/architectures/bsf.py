@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -56,6 +56,7 @@ from torch import Tensor
 from dictcheck.empirics.architectures.base import (
     ArchOptions,
     Architecture,
+    OptionsContext,
     Schema,
     option,
     register,
@@ -66,12 +67,13 @@ from dictcheck.empirics.architectures.featurizer import Featurizer, FeaturizerOu
 from dictcheck.empirics.kernels.straight_through import StepFn
 
 __all__ = [
-    "ARCHS",
     "BLOCK_L0_TOL",
     "BlockSparseFeaturizer",
+    "VanillaBSF",
+    "GrassmannBSF",
+    "GroupLassoBSF",
     "block_topk",
     "block_soft_threshold",
-    "init_bsf",
     "GATES",
     "PENALTIES",
     "BsfOptions",
@@ -83,7 +85,6 @@ __all__ = [
     "GroupLasso",
 ]
 
-ARCHS = ("bsf-vanilla", "bsf-grassmann", "bsf-grouplasso")
 #: A block counts as active when ‖z_g‖ > 1e-6 (spec §3.3, §4).
 BLOCK_L0_TOL = 1e-6
 #: ‖a_g‖ is clamped below at 1e-8 inside sh_θ (spec §2).
@@ -91,264 +92,6 @@ NORM_CLAMP = 1e-8
 STE_THETA_SCALE = 10.0  # θ_g = softplus(10·r_g), spec §2
 STE_WIDTH_FACTOR, STE_WIDTH_FLOOR = 0.5, 1e-6  # w = 0.5·std(block norms) + 1e-6, spec §2
 
-
-def block_topk(a: Tensor, k: int) -> Tensor:
-    """Π_k over the blocks of a (..., n_b, q): keep the k blocks of largest norm, zero the rest
-    (spec §2). Ties go to the lowest block index (a stable descending sort). Gradients flow
-    through the kept blocks only."""
-    order = torch.sort(a.detach().norm(dim=-1), dim=-1, descending=True, stable=True).indices
-    keep = torch.zeros(a.shape[:-1], dtype=a.dtype, device=a.device).scatter(-1, order[..., :k], 1.0)
-    return a * keep.unsqueeze(-1)
-
-
-def block_soft_threshold(a: Tensor, theta: Tensor) -> Tensor:
-    """sh_θ(a)_g = max(0, 1 − θ/max(‖a_g‖, 1e-8))·a_g over the blocks of a (..., n_b, q) (spec §2)."""
-    norms = a.norm(dim=-1, keepdim=True).clamp_min(NORM_CLAMP)
-    return torch.clamp(1.0 - theta / norms, min=0.0) * a
-
-
-class BlockSparseFeaturizer(Featurizer):
-    """A block-sparse featurizer (see the module docstring). Build with :func:`init_bsf`."""
-
-    def __init__(self, arch: str, d_in: int, d_sae: int, *, k: int | None, block_size: int, denoise: float,
-                 c_gl: float | None = None, gate: str | None = None, k_target: int | None = None,
-                 penalty: str | None = None, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.arch, self.d_in, self.d_sae = arch, int(d_in), int(d_sae)
-        self.q = int(block_size)
-        self.n_b = self.d_sae // self.q
-        self.k = k
-        self.denoise = float(denoise)
-        self.c_gl, self.gate, self.k_target, self.penalty = c_gl, gate, k_target, penalty
-        D, Z = self.d_in, self.d_sae
-        self.register_buffer("b_dec", torch.zeros(D, dtype=dtype))
-        if arch == "bsf-grassmann":
-            self.B = torch.nn.Parameter(torch.zeros(self.n_b, D, self.q, dtype=dtype))
-            self.log_gamma = torch.nn.Parameter(torch.zeros((), dtype=dtype))
-            return
-        self.W_enc = torch.nn.Parameter(torch.zeros(D, Z, dtype=dtype))
-        self.b_enc = torch.nn.Parameter(torch.zeros(Z, dtype=dtype))
-        self.W_dec = torch.nn.Parameter(torch.zeros(Z, D, dtype=dtype))
-        if gate == "shrink":
-            self.log_theta = torch.nn.Parameter(torch.zeros((), dtype=dtype))  # θ₀ = 1
-        elif gate == "ste":
-            self.theta_raw = torch.nn.Parameter(torch.zeros(self.n_b, dtype=dtype))
-            # The rectangle width w; NaN until the cold start on the first training batch (a buffer,
-            # so training checkpoints carry it).
-            self.register_buffer("gate_width", torch.tensor(math.nan, dtype=torch.float64))
-
-    # ------------------------------------------------------------------ dictionary
-    def decoder_blocks(self) -> Tensor:
-        """The decoder blocks W_g as (n_b, D, q); orthonormal (sign-fixed QR of B_g) for Grassmann."""
-        if self.arch == "bsf-grassmann":
-            return _sign_fixed_q(self.B)
-        return self.W_dec.view(self.n_b, self.q, self.d_in).transpose(1, 2)
-
-    @property
-    def gamma(self) -> Tensor:
-        """Grassmann's global encoder scale γ = exp(log_gamma)."""
-        return self.log_gamma.exp()
-
-    @property
-    def theta(self) -> Tensor:
-        """Group-Lasso threshold: global θ = exp(log_theta) (shrink) or θ_g = softplus(10·theta_raw_g) (ste)."""
-        if self.gate == "shrink":
-            return self.log_theta.exp()
-        return torch.nn.functional.softplus(STE_THETA_SCALE * self.theta_raw)
-
-    # ------------------------------------------------------------------ encoder / decoder
-    def _check_x(self, x: Tensor) -> None:
-        if x.dim() != 2 or x.shape[1] != self.d_in:
-            raise ValueError(f"expected x of shape (B, d_in={self.d_in}) with tokens as rows, got {list(x.shape)}")
-
-    def _blocks(self, xc: Tensor, W: Tensor) -> tuple[Tensor, Tensor | None]:
-        """(block codes (B, n_b, q), STE gate values (B, n_b) or None) of centred inputs xc."""
-        if self.arch == "bsf-grassmann":
-            return block_topk(self.gamma * torch.einsum("bd,gdq->bgq", xc, W), self.k), None
-        a = (xc @ self.W_enc + self.b_enc).view(-1, self.n_b, self.q)
-        if self.arch == "bsf-vanilla":
-            return block_topk(a, self.k), None
-        if self.gate == "shrink":
-            return block_soft_threshold(a, self.theta), None
-        norms = a.detach().norm(dim=-1)
-        if self.training and not self.gate_ready:
-            self._cold_start(norms)
-        h = StepFn.apply(norms, self.theta, float(self.gate_width) if self.gate_ready else 1.0, True)
-        return a * h.unsqueeze(-1), h
-
-    @torch.no_grad()
-    def _cold_start(self, norms: Tensor) -> None:
-        """θ_g ← the (1 − k_target/n_b) quantile of the batch's block norms; w ← 0.5·std + 1e-6 (spec §2)."""
-        flat = norms.reshape(-1).to(torch.float64)
-        theta0 = float(torch.quantile(flat, 1.0 - self.k_target / self.n_b).clamp_min(NORM_CLAMP))
-        # softplus(10 r) = θ  ⇔  r = log(expm1(θ))/10
-        self.theta_raw.fill_(math.log(math.expm1(theta0)) / STE_THETA_SCALE)
-        self.gate_width.fill_(STE_WIDTH_FACTOR * float(flat.std()) + STE_WIDTH_FLOOR)
-
-    @property
-    def gate_ready(self) -> bool:
-        """Whether the STE gate's cold start has set θ and w (before it, eval uses w = 1, θ_g = softplus(0))."""
-        return bool(torch.isfinite(self.gate_width))
-
-    def encode(self, x: Tensor) -> Tensor:
-        """Codes z (B, n_b·q) of clean x (never noised; denoising lives in :meth:`forward`)."""
-        self._check_x(x)
-        return self._blocks(x - self.b_dec, self.decoder_blocks())[0].reshape(x.shape[0], self.d_sae)
-
-    def decode(self, z: Tensor) -> Tensor:
-        """x̂ = Σ_g W_g z_g + b_dec for flat codes z (B, n_b·q)."""
-        if z.dim() != 2 or z.shape[1] != self.d_sae:
-            raise ValueError(f"expected codes of shape (B, d_sae={self.d_sae}), got {list(z.shape)}")
-        W = self.decoder_blocks()
-        return torch.einsum("bgq,gdq->bd", z.view(-1, self.n_b, self.q), W) + self.b_dec
-
-    def block_contributions(self, x: Tensor) -> Tensor:
-        """c_ig = W_g z_ig (B, n_b, D) of clean x (spec §0, §6); Σ_g c_ig + b_dec = x̂_i. Memory B·n_b·D."""
-        self._check_x(x)
-        W = self.decoder_blocks()
-        z = self._blocks(x - self.b_dec, W)[0]
-        return torch.einsum("bgq,gdq->bgd", z, W)
-
-    # ------------------------------------------------------------------ forward
-    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:
-        """Encode (noised in training mode), decode, and the loss of the variant (module docstring)."""
-        self._check_x(x)
-        xc = x - self.b_dec
-        if self.training and self.denoise > 0:
-            xc = xc + self.denoise * xc.std() * torch.randn_like(xc)
-        W = self.decoder_blocks()
-        z, h = self._blocks(xc, W)
-        x_hat = torch.einsum("bgq,gdq->bd", z, W) + self.b_dec
-        mse = (x - x_hat).pow(2).mean()
-        zero = mse.new_zeros(())
-        if self.arch != "bsf-grouplasso":
-            sparsity = zero
-        elif h is None:
-            sparsity = self.c_gl * self._penalised_norms(z, W).sum(-1).mean()
-        else:
-            sparsity = self.c_gl * h.sum(-1).mean()
-        codes = z.reshape(x.shape[0], self.d_sae)
-        block_l0 = (z.detach().norm(dim=-1) > BLOCK_L0_TOL).sum(-1).to(x.dtype).mean()
-        return FeaturizerOutput(x_hat=x_hat, codes=codes, loss=mse + sparsity, mse=mse, sparsity_loss=sparsity,
-                                aux_loss=zero, l0=(codes != 0).sum(-1).to(x.dtype).mean(),
-                                extra={"block_l0": block_l0})
-
-    def _penalised_norms(self, z: Tensor, W: Tensor) -> Tensor:
-        """(B, n_b) norms the shrink gate's ℓ₂,₁ penalty sums: ‖z_g‖ (penalty "code") or the contribution
-        ‖W_g z_g‖ = √(z_gᵀ W_gᵀW_g z_g) (penalty "contribution"; exactly 0 for an inactive block, z_g = 0,
-        whose gradient is then 0 instead of 0/0: the square is clamped below at NORM_CLAMP² inside the root)."""
-        if self.penalty != "contribution":
-            return z.norm(dim=-1)
-        sq = torch.einsum("bgq,gqr,bgr->bg", z, torch.einsum("gdq,gdr->gqr", W, W), z)
-        return torch.where(sq > 0, sq.clamp_min(NORM_CLAMP**2).sqrt(), torch.zeros_like(sq))
-
-    # ------------------------------------------------------------------ training hooks
-    @torch.no_grad()
-    def project_parameters_(self) -> None:
-        """Rescale every decoder block to ‖W_g‖_F = 1 (Vanilla, Group-Lasso; spec §3.1). Grassmann: no-op."""
-        if self.arch == "bsf-grassmann":
-            return
-        blocks = self.W_dec.view(self.n_b, self.q * self.d_in)
-        norms = blocks.norm(dim=1, keepdim=True)
-        blocks.div_(torch.where(norms > 0, norms, torch.ones_like(norms)))
-
-    def firing_metrics(self, fire_counts: Tensor, n_tokens: int) -> dict[str, Any]:
-        """``dead_blocks``: blocks none of whose q latents fired on the ``n_tokens`` tokens (spec §4)."""
-        counts = torch.as_tensor(fire_counts).reshape(-1)
-        if counts.numel() != self.d_sae:
-            raise ValueError(f"fire_counts has {counts.numel()} entries, expected d_sae = {self.d_sae}")
-        return {"dead_blocks": int((counts.view(self.n_b, self.q).sum(1) == 0).sum())}
-
-    # ------------------------------------------------------------------ save / load
-    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Saved tensor names → shapes (as the architecture's weight schema lists them; b_dec optional on load)."""
-        D, Z = self.d_in, self.d_sae
-        if self.arch == "bsf-grassmann":
-            return {"B": (self.n_b, D, self.q), "log_gamma": (), "b_dec": (D,)}
-        shapes = {"W_enc": (D, Z), "b_enc": (Z,), "W_dec": (Z, D), "b_dec": (D,)}
-        if self.gate == "shrink":
-            shapes["log_theta"] = ()
-        elif self.gate == "ste":
-            shapes["theta_raw"] = (self.n_b,)
-        return shapes
-
-    def state_weights(self) -> dict[str, Tensor]:
-        """Detached copies under the save names (B is saved raw, not orthonormalised)."""
-        return {name: getattr(self, name).detach().clone() for name in self.weight_shapes()}
-
-    @torch.no_grad()
-    def load_state_weights(self, weights: Mapping[str, Tensor]) -> None:
-        """Inverse of :meth:`state_weights`; a missing b_dec means 0. ValueError on a bad name or shape."""
-        shapes = self.weight_shapes()
-        missing = sorted(set(shapes) - set(weights) - {"b_dec"})
-        extra = sorted(set(weights) - set(shapes))
-        if missing or extra:
-            raise ValueError(f"arch {self.arch!r}: missing tensors {missing}, unexpected tensors {extra}")
-        for name, shape in shapes.items():
-            t = torch.as_tensor(weights[name]) if name in weights else torch.zeros(shape)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError(f"tensor {name!r} has non-finite values")
-            dest = getattr(self, name)
-            dest.copy_(t.to(device=dest.device, dtype=dest.dtype))
-
-    def arch_fields(self) -> dict[str, Any]:
-        """n_b, q, k and the resolved options (+ the STE gate width once set), for ``metadata.dictcheck.bsf``."""
-        fields: dict[str, Any] = {"n_b": self.n_b, "q": self.q, "k": self.k, **self.options()}
-        if self.gate == "ste":
-            fields["gate_width"] = float(self.gate_width) if self.gate_ready else None
-        return fields
-
-    def load_arch_fields(self, fields: dict[str, Any]) -> None:
-        """Restore the STE gate width (the only non-weight state); other keys are ignored."""
-        if self.gate == "ste" and fields.get("gate_width") is not None:
-            self.gate_width.fill_(float(fields["gate_width"]))
-
-    def options(self) -> dict[str, Any]:
-        """The architecture options this model was built with (as :class:`BsfOptions` resolves them)."""
-        opts: dict[str, Any] = {"block_size": self.q, "denoise": self.denoise}
-        if self.arch == "bsf-grouplasso":
-            opts.update(c_gl=self.c_gl, gate=self.gate, penalty=self.penalty)
-            if self.gate == "ste":
-                opts["k_target"] = self.k_target
-        return opts
-
-    def extra_repr(self) -> str:
-        return f"arch={self.arch!r}, d_in={self.d_in}, n_b={self.n_b}, q={self.q}, k={self.k}, options={self.options()}"
-
-
-def init_bsf(arch: str, d_in: int, d_sae: int, *, k: int | None, seed: int = 0, dtype: torch.dtype = torch.float32,
-             **opts: Any) -> BlockSparseFeaturizer:
-    """A freshly initialised BSF (spec §3 init; see the module docstring), deterministic in ``seed``.
-
-    ``k`` and ``opts`` (block_size, denoise, and for bsf-grouplasso c_gl, gate, k_target) are validated by
-    :class:`BlockSparse`. Vanilla/Group-Lasso: Gaussian W_dec,
-    unit-Frobenius blocks, W_enc = W_decᵀ, b_enc = 0. Grassmann: B_g = the sign-fixed Q of a QR of a
-    Gaussian (D, q), log_gamma = 0; needs q ≤ d_in (ValueError). b_dec (a fixed buffer) starts at 0.
-    """
-    q = opts["block_size"]
-    if arch == "bsf-grassmann" and q > d_in:
-        raise ValueError(f"bsf-grassmann needs block_size q = {q} <= d_in = {d_in} (orthonormal frames)")
-    model = BlockSparseFeaturizer(arch, d_in, d_sae, k=k, dtype=dtype, **opts)
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    with torch.no_grad():
-        if arch == "bsf-grassmann":
-            model.B.copy_(_sign_fixed_q(torch.randn(model.n_b, d_in, q, generator=gen, dtype=torch.float64)).to(dtype))
-        else:
-            model.W_dec.copy_(torch.randn(d_sae, d_in, generator=gen, dtype=torch.float64).to(dtype))
-            model.project_parameters_()
-            model.W_enc.copy_(model.W_dec.T)
-    return model
-
-
-def _sign_fixed_q(G: Tensor) -> Tensor:
-    """Q of the reduced QR of each G_g (…, D, q) with the signs that make diag(R) > 0 (differentiable)."""
-    Q, R = torch.linalg.qr(G, mode="reduced")
-    return Q * torch.where(torch.diagonal(R, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(Q.dtype).unsqueeze(-2)
-
-
-# ---------------------------------------- the registered architectures
 
 GATES = ("shrink", "ste")
 #: Where the sh_θ gate's ℓ₂,₁ penalty sits: on the codes ‖z_g‖ (the paper's) or on the contributions
@@ -426,8 +169,319 @@ class GroupLassoOptions(BsfOptions):
         return replace(out, k_target=k_target)
 
 
+def block_topk(a: Tensor, k: int) -> Tensor:
+    """Π_k over the blocks of a (..., n_b, q): keep the k blocks of largest norm, zero the rest
+    (spec §2). Ties go to the lowest block index (a stable descending sort). Gradients flow
+    through the kept blocks only."""
+    order = torch.sort(a.detach().norm(dim=-1), dim=-1, descending=True, stable=True).indices
+    keep = torch.zeros(a.shape[:-1], dtype=a.dtype, device=a.device).scatter(-1, order[..., :k], 1.0)
+    return a * keep.unsqueeze(-1)
+
+
+def block_soft_threshold(a: Tensor, theta: Tensor) -> Tensor:
+    """sh_θ(a)_g = max(0, 1 − θ/max(‖a_g‖, 1e-8))·a_g over the blocks of a (..., n_b, q) (spec §2)."""
+    norms = a.norm(dim=-1, keepdim=True).clamp_min(NORM_CLAMP)
+    return torch.clamp(1.0 - theta / norms, min=0.0) * a
+
+
+class BlockSparseFeaturizer(Featurizer):
+    """A block-sparse featurizer (see the module docstring); one subclass per variant overrides
+    :meth:`_blocks` (the block codes), :meth:`decoder_blocks`, :meth:`weight_shapes` and :meth:`initialise_`,
+    and where it has one :meth:`sparsity_loss`. Build one with its architecture (``architecture(name).build``)."""
+
+    arch: ClassVar[str]
+
+    def __init__(self, d_in: int, d_sae: int, options: BsfOptions, *, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.d_in, self.d_sae = int(d_in), int(d_sae)
+        self.q = int(options.block_size)
+        self.n_b = self.d_sae // self.q
+        self.k = getattr(options, "k", None)
+        self.denoise = float(options.denoise)
+        self.register_buffer("b_dec", torch.zeros(self.d_in, dtype=dtype))
+
+    def initialise_(self, gen: torch.Generator) -> None:
+        """The variant's init (module docstring) from the seeded generator ``gen``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ dictionary
+    def decoder_blocks(self) -> Tensor:
+        """The decoder blocks W_g as (n_b, D, q)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ encoder / decoder
+    def _check_x(self, x: Tensor) -> None:
+        if x.dim() != 2 or x.shape[1] != self.d_in:
+            raise ValueError(f"expected x of shape (B, d_in={self.d_in}) with tokens as rows, got {list(x.shape)}")
+
+    def _blocks(self, xc: Tensor, W: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(block codes (B, n_b, q), STE gate values (B, n_b) or None) of centred inputs xc."""
+        raise NotImplementedError
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Codes z (B, n_b·q) of clean x (never noised; denoising lives in :meth:`forward`)."""
+        self._check_x(x)
+        return self._blocks(x - self.b_dec, self.decoder_blocks())[0].reshape(x.shape[0], self.d_sae)
+
+    def decode(self, z: Tensor) -> Tensor:
+        """x̂ = Σ_g W_g z_g + b_dec for flat codes z (B, n_b·q)."""
+        if z.dim() != 2 or z.shape[1] != self.d_sae:
+            raise ValueError(f"expected codes of shape (B, d_sae={self.d_sae}), got {list(z.shape)}")
+        W = self.decoder_blocks()
+        return torch.einsum("bgq,gdq->bd", z.view(-1, self.n_b, self.q), W) + self.b_dec
+
+    def block_contributions(self, x: Tensor) -> Tensor:
+        """c_ig = W_g z_ig (B, n_b, D) of clean x (spec §0, §6); Σ_g c_ig + b_dec = x̂_i. Memory B·n_b·D."""
+        self._check_x(x)
+        W = self.decoder_blocks()
+        z = self._blocks(x - self.b_dec, W)[0]
+        return torch.einsum("bgq,gdq->bgd", z, W)
+
+    # ------------------------------------------------------------------ forward
+    def sparsity_loss(self, z: Tensor, h: Tensor | None, W: Tensor) -> Tensor:
+        """The variant's sparsity term (a mean over tokens); 0 for the Π_k variants."""
+        return z.new_zeros(())
+
+    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> FeaturizerOutput:
+        """Encode (noised in training mode), decode, and the loss of the variant (module docstring)."""
+        self._check_x(x)
+        xc = x - self.b_dec
+        if self.training and self.denoise > 0:
+            xc = xc + self.denoise * xc.std() * torch.randn_like(xc)
+        W = self.decoder_blocks()
+        z, h = self._blocks(xc, W)
+        x_hat = torch.einsum("bgq,gdq->bd", z, W) + self.b_dec
+        mse = (x - x_hat).pow(2).mean()
+        sparsity = self.sparsity_loss(z, h, W)
+        codes = z.reshape(x.shape[0], self.d_sae)
+        block_l0 = (z.detach().norm(dim=-1) > BLOCK_L0_TOL).sum(-1).to(x.dtype).mean()
+        return FeaturizerOutput(x_hat=x_hat, codes=codes, loss=mse + sparsity, mse=mse, sparsity_loss=sparsity,
+                                aux_loss=mse.new_zeros(()), l0=(codes != 0).sum(-1).to(x.dtype).mean(),
+                                extra={"block_l0": block_l0})
+
+    # ------------------------------------------------------------------ training hooks
+    def firing_metrics(self, fire_counts: Tensor, n_tokens: int) -> dict[str, Any]:
+        """``dead_blocks``: blocks none of whose q latents fired on the ``n_tokens`` tokens (spec §4)."""
+        counts = torch.as_tensor(fire_counts).reshape(-1)
+        if counts.numel() != self.d_sae:
+            raise ValueError(f"fire_counts has {counts.numel()} entries, expected d_sae = {self.d_sae}")
+        return {"dead_blocks": int((counts.view(self.n_b, self.q).sum(1) == 0).sum())}
+
+    # ------------------------------------------------------------------ save / load
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Saved tensor names → shapes (as the architecture's weight schema lists them; b_dec optional on load)."""
+        raise NotImplementedError
+
+    def state_weights(self) -> dict[str, Tensor]:
+        """Detached copies under the save names (Grassmann's B is saved raw, not orthonormalised)."""
+        return {name: getattr(self, name).detach().clone() for name in self.weight_shapes()}
+
+    @torch.no_grad()
+    def load_state_weights(self, weights: Mapping[str, Tensor]) -> None:
+        """Inverse of :meth:`state_weights`; a missing b_dec means 0. ValueError on a bad name or shape."""
+        shapes = self.weight_shapes()
+        missing = sorted(set(shapes) - set(weights) - {"b_dec"})
+        extra = sorted(set(weights) - set(shapes))
+        if missing or extra:
+            raise ValueError(f"arch {self.arch!r}: missing tensors {missing}, unexpected tensors {extra}")
+        for name, shape in shapes.items():
+            t = torch.as_tensor(weights[name]) if name in weights else torch.zeros(shape)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"tensor {name!r} has non-finite values")
+            dest = getattr(self, name)
+            dest.copy_(t.to(device=dest.device, dtype=dest.dtype))
+
+    def arch_fields(self) -> dict[str, Any]:
+        """n_b, q, k and the resolved options, for ``metadata.dictcheck.bsf``."""
+        return {"n_b": self.n_b, "q": self.q, "k": self.k, **self.options()}
+
+    def options(self) -> dict[str, Any]:
+        """The architecture options this model was built with (as :class:`BsfOptions` resolves them)."""
+        return {"block_size": self.q, "denoise": self.denoise}
+
+    def extra_repr(self) -> str:
+        return f"arch={self.arch!r}, d_in={self.d_in}, n_b={self.n_b}, q={self.q}, k={self.k}, options={self.options()}"
+
+
+class _LinearBlocks(BlockSparseFeaturizer):
+    """Vanilla and Group-Lasso: a = W_encᵀx̃ + b_enc and a linear decoder W_dec of unit-Frobenius blocks."""
+
+    def __init__(self, d_in: int, d_sae: int, options: BsfOptions, *, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(d_in, d_sae, options, dtype=dtype)
+        D, Z = self.d_in, self.d_sae
+        self.W_enc = torch.nn.Parameter(torch.zeros(D, Z, dtype=dtype))
+        self.b_enc = torch.nn.Parameter(torch.zeros(Z, dtype=dtype))
+        self.W_dec = torch.nn.Parameter(torch.zeros(Z, D, dtype=dtype))
+
+    @torch.no_grad()
+    def initialise_(self, gen: torch.Generator) -> None:
+        """Gaussian W_dec, unit-Frobenius blocks, W_enc = W_decᵀ, b_enc = 0."""
+        self.W_dec.copy_(torch.randn(self.d_sae, self.d_in, generator=gen, dtype=torch.float64).to(self.W_dec.dtype))
+        self.project_parameters_()
+        self.W_enc.copy_(self.W_dec.T)
+
+    def decoder_blocks(self) -> Tensor:
+        return self.W_dec.view(self.n_b, self.q, self.d_in).transpose(1, 2)
+
+    def _preacts(self, xc: Tensor) -> Tensor:
+        return (xc @ self.W_enc + self.b_enc).view(-1, self.n_b, self.q)
+
+    @torch.no_grad()
+    def project_parameters_(self) -> None:
+        """Rescale every decoder block to ‖W_g‖_F = 1 (spec §3.1)."""
+        blocks = self.W_dec.view(self.n_b, self.q * self.d_in)
+        norms = blocks.norm(dim=1, keepdim=True)
+        blocks.div_(torch.where(norms > 0, norms, torch.ones_like(norms)))
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        D, Z = self.d_in, self.d_sae
+        return {"W_enc": (D, Z), "b_enc": (Z,), "W_dec": (Z, D), "b_dec": (D,)}
+
+
+class VanillaBSF(_LinearBlocks):
+    """``bsf-vanilla``: z = Π_k(a), loss = MSE."""
+
+    arch = "bsf-vanilla"
+
+    def _blocks(self, xc: Tensor, W: Tensor) -> tuple[Tensor, Tensor | None]:
+        return block_topk(self._preacts(xc), self.k), None
+
+
+class GroupLassoBSF(_LinearBlocks):
+    """``bsf-grouplasso``: the sh_θ gate with the ℓ₂,₁ penalty, or the STE gate with a block-count penalty."""
+
+    arch = "bsf-grouplasso"
+
+    def __init__(self, d_in: int, d_sae: int, options: GroupLassoOptions, *,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(d_in, d_sae, options, dtype=dtype)
+        self.c_gl, self.gate, self.k_target, self.penalty = options.c_gl, options.gate, options.k_target, options.penalty
+        if self.gate == "shrink":
+            self.log_theta = torch.nn.Parameter(torch.zeros((), dtype=dtype))  # θ₀ = 1
+        else:
+            self.theta_raw = torch.nn.Parameter(torch.zeros(self.n_b, dtype=dtype))
+            # The rectangle width w; NaN until the cold start on the first training batch (a buffer,
+            # so training checkpoints carry it).
+            self.register_buffer("gate_width", torch.tensor(math.nan, dtype=torch.float64))
+
+    @property
+    def theta(self) -> Tensor:
+        """Group-Lasso threshold: global θ = exp(log_theta) (shrink) or θ_g = softplus(10·theta_raw_g) (ste)."""
+        if self.gate == "shrink":
+            return self.log_theta.exp()
+        return torch.nn.functional.softplus(STE_THETA_SCALE * self.theta_raw)
+
+    def _blocks(self, xc: Tensor, W: Tensor) -> tuple[Tensor, Tensor | None]:
+        a = self._preacts(xc)
+        if self.gate == "shrink":
+            return block_soft_threshold(a, self.theta), None
+        norms = a.detach().norm(dim=-1)
+        if self.training and not self.gate_ready:
+            self._cold_start(norms)
+        h = StepFn.apply(norms, self.theta, float(self.gate_width) if self.gate_ready else 1.0, True)
+        return a * h.unsqueeze(-1), h
+
+    @torch.no_grad()
+    def _cold_start(self, norms: Tensor) -> None:
+        """θ_g ← the (1 − k_target/n_b) quantile of the batch's block norms; w ← 0.5·std + 1e-6 (spec §2)."""
+        flat = norms.reshape(-1).to(torch.float64)
+        theta0 = float(torch.quantile(flat, 1.0 - self.k_target / self.n_b).clamp_min(NORM_CLAMP))
+        # softplus(10 r) = θ  ⇔  r = log(expm1(θ))/10
+        self.theta_raw.fill_(math.log(math.expm1(theta0)) / STE_THETA_SCALE)
+        self.gate_width.fill_(STE_WIDTH_FACTOR * float(flat.std()) + STE_WIDTH_FLOOR)
+
+    @property
+    def gate_ready(self) -> bool:
+        """Whether the STE gate's cold start has set θ and w (before it, eval uses w = 1, θ_g = softplus(0))."""
+        return bool(torch.isfinite(self.gate_width))
+
+    def sparsity_loss(self, z: Tensor, h: Tensor | None, W: Tensor) -> Tensor:
+        """c_gl·mean_i Σ_g ‖z_ig‖ (or ‖W_g z_ig‖; shrink) or c_gl·mean_i #{active blocks} (ste)."""
+        if h is None:
+            return self.c_gl * self._penalised_norms(z, W).sum(-1).mean()
+        return self.c_gl * h.sum(-1).mean()
+
+    def _penalised_norms(self, z: Tensor, W: Tensor) -> Tensor:
+        """(B, n_b) norms the shrink gate's ℓ₂,₁ penalty sums: ‖z_g‖ (penalty "code") or the contribution
+        ‖W_g z_g‖ = √(z_gᵀ W_gᵀW_g z_g) (penalty "contribution"; exactly 0 for an inactive block, z_g = 0,
+        whose gradient is then 0 instead of 0/0: the square is clamped below at NORM_CLAMP² inside the root)."""
+        if self.penalty != "contribution":
+            return z.norm(dim=-1)
+        sq = torch.einsum("bgq,gqr,bgr->bg", z, torch.einsum("gdq,gdr->gqr", W, W), z)
+        return torch.where(sq > 0, sq.clamp_min(NORM_CLAMP**2).sqrt(), torch.zeros_like(sq))
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        gate = {"log_theta": ()} if self.gate == "shrink" else {"theta_raw": (self.n_b,)}
+        return {**super().weight_shapes(), **gate}
+
+    def arch_fields(self) -> dict[str, Any]:
+        """Also the STE gate width once set."""
+        fields = super().arch_fields()
+        if self.gate == "ste":
+            fields["gate_width"] = float(self.gate_width) if self.gate_ready else None
+        return fields
+
+    def load_arch_fields(self, fields: dict[str, Any]) -> None:
+        """Restore the STE gate width (the only non-weight state); other keys are ignored."""
+        if self.gate == "ste" and fields.get("gate_width") is not None:
+            self.gate_width.fill_(float(fields["gate_width"]))
+
+    def options(self) -> dict[str, Any]:
+        opts = {**super().options(), "c_gl": self.c_gl, "gate": self.gate, "penalty": self.penalty}
+        if self.gate == "ste":
+            opts["k_target"] = self.k_target
+        return opts
+
+
+class GrassmannBSF(BlockSparseFeaturizer):
+    """``bsf-grassmann``: orthonormal frames W_g = Q of a sign-fixed QR of B_g, tied encoder z_g = γW_gᵀx̃, Π_k."""
+
+    arch = "bsf-grassmann"
+
+    def __init__(self, d_in: int, d_sae: int, options: BsfTopKOptions, *, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(d_in, d_sae, options, dtype=dtype)
+        if self.q > self.d_in:
+            raise ValueError(f"bsf-grassmann needs block_size q = {self.q} <= d_in = {self.d_in} (orthonormal frames)")
+        self.B = torch.nn.Parameter(torch.zeros(self.n_b, self.d_in, self.q, dtype=dtype))
+        self.log_gamma = torch.nn.Parameter(torch.zeros((), dtype=dtype))
+
+    @torch.no_grad()
+    def initialise_(self, gen: torch.Generator) -> None:
+        """B_g = the sign-fixed Q of a QR of a Gaussian (D, q), log_gamma = 0."""
+        G = torch.randn(self.n_b, self.d_in, self.q, generator=gen, dtype=torch.float64)
+        self.B.copy_(_sign_fixed_q(G).to(self.B.dtype))
+
+    @property
+    def gamma(self) -> Tensor:
+        """The global encoder scale γ = exp(log_gamma)."""
+        return self.log_gamma.exp()
+
+    def decoder_blocks(self) -> Tensor:
+        """Orthonormal blocks: the sign-fixed QR of each B_g."""
+        return _sign_fixed_q(self.B)
+
+    def _blocks(self, xc: Tensor, W: Tensor) -> tuple[Tensor, Tensor | None]:
+        return block_topk(self.gamma * torch.einsum("bd,gdq->bgq", xc, W), self.k), None
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"B": (self.n_b, self.d_in, self.q), "log_gamma": (), "b_dec": (self.d_in,)}
+
+
+def _sign_fixed_q(G: Tensor) -> Tensor:
+    """Q of the reduced QR of each G_g (…, D, q) with the signs that make diag(R) > 0 (differentiable)."""
+    Q, R = torch.linalg.qr(G, mode="reduced")
+    return Q * torch.where(torch.diagonal(R, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(Q.dtype).unsqueeze(-2)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The registered architectures
+
 class BlockSparse(Architecture):
     """The BSFs: unit-Frobenius or orthonormal blocks, a fixed centring vector, Adam at lr 4e-4."""
+
+    Model: ClassVar[type[BlockSparseFeaturizer]]
 
     family = "bsf"
     family_title = "block-sparse featurizers (bsf-*; d_sae = n_b·q)"
@@ -456,6 +510,11 @@ class BlockSparse(Architecture):
             norms = model.decoder_blocks().detach().to(torch.float64).norm(dim=(1, 2))
         return float((norms - 1.0).abs().max())
 
+    def draw_options(self, draw: Any, st: Any, ctx: OptionsContext) -> dict[str, Any]:
+        """Π_k variants: the block size, k ≤ n_b active blocks and the denoising level."""
+        return {"block_size": ctx.block_size, "k": draw(st.integers(1, ctx.d_sae // ctx.block_size)),
+                "denoise": draw(st.sampled_from([0.0, 0.1]))}
+
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         if float(getattr(options, "denoise", 0.0)) > 0:
             return ("the denoising noise is drawn per rank and scaled by each rank's own batch std "
@@ -463,9 +522,11 @@ class BlockSparse(Architecture):
         return None
 
     def init_model(self, d_in: int, d_sae: int, options: ArchOptions, *, seed: int, dtype: torch.dtype) -> Featurizer:
-        opts = options.to_dict()
-        k = opts.pop("k", None)
-        return init_bsf(self.name, d_in, d_sae, k=k, seed=seed, dtype=dtype, **opts)
+        """:attr:`Model` with the variant's init (module docstring), deterministic in ``seed``; b_dec (a fixed
+        buffer) starts at 0."""
+        model = self.Model(d_in, d_sae, options, dtype=dtype)
+        model.initialise_(torch.Generator(device="cpu").manual_seed(int(seed)))
+        return model
 
 
 def _positive_field(fields: Mapping[str, Any], name: str) -> int:
@@ -482,6 +543,7 @@ class Vanilla(BlockSparse):
     name = "bsf-vanilla"
     saved_name = "dictcheck/bsf-vanilla"
     Options = BsfTopKOptions
+    Model = VanillaBSF
 
 
 @register
@@ -492,6 +554,7 @@ class Grassmann(BlockSparse):
     saved_name = "dictcheck/bsf-grassmann"
     decoder_norm = "qr_orthonormal"
     Options = BsfTopKOptions
+    Model = GrassmannBSF
 
     def block_schema(self, d_in: int, d_sae: int, n_b: int, q: int) -> Schema:
         return {"B": ((n_b, d_in, q), True), "log_gamma": ((), True), "b_dec": ((d_in,), False)}
@@ -513,9 +576,16 @@ class GroupLasso(BlockSparse):
     name = "bsf-grouplasso"
     saved_name = "dictcheck/bsf-grouplasso"
     Options = GroupLassoOptions
+    Model = GroupLassoBSF
 
     def block_schema(self, d_in: int, d_sae: int, n_b: int, q: int) -> Schema:
         return {**super().block_schema(d_in, d_sae, n_b, q), "log_theta": ((), False), "theta_raw": ((n_b,), False)}
+
+    def draw_options(self, draw: Any, st: Any, ctx: OptionsContext) -> dict[str, Any]:
+        gate = draw(st.sampled_from(list(GATES)))
+        opts = {"block_size": ctx.block_size, "gate": gate, "c_gl": draw(st.sampled_from([1e-3, 1e-2])),
+                "denoise": draw(st.sampled_from([0.0, 0.1]))}
+        return {**opts, "k_target": draw(st.integers(1, ctx.d_sae // ctx.block_size))} if gate == "ste" else opts
 
     def ddp_inexactness(self, options: ArchOptions) -> str | None:
         note = super().ddp_inexactness(options)

@@ -23,11 +23,11 @@ __all__ = ["MODULES", "REGISTRY", "architecture", "build_model", "family_of", "n
 
 #: Architecture name -> its module under ``dictcheck.empirics.architectures``.
 MODULES: dict[str, str] = {
-    "relu": "sae",
-    "topk": "sae",
-    "batchtopk": "sae",
-    "jumprelu": "sae",
-    "abs": "sae",
+    "relu": "relu",
+    "topk": "topk",
+    "batchtopk": "batchtopk",
+    "jumprelu": "jumprelu",
+    "abs": "abs",
     "bsf-vanilla": "bsf",
     "bsf-grassmann": "bsf",
     "bsf-grouplasso": "bsf",

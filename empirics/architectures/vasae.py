@@ -67,6 +67,7 @@ from torch import Tensor
 from dictcheck.empirics.architectures.base import (
     ArchOptions,
     Architecture,
+    OptionsContext,
     Schema,
     option,
     register,
@@ -74,7 +75,7 @@ from dictcheck.empirics.architectures.base import (
     require_real,
 )
 from dictcheck.empirics.architectures.featurizer import Featurizer, FeaturizerOutput
-from dictcheck.empirics.architectures.sae import linear_schema
+from dictcheck.empirics.architectures.linear_sae import linear_schema
 from dictcheck.empirics.io.safe_files import read_npy
 
 __all__ = [
@@ -505,6 +506,11 @@ class Vasae(Architecture):
 
     def weight_schema(self, d_in: int, d_sae: int, fields: Mapping[str, Any]) -> Schema:
         return linear_schema(d_in, d_sae)
+
+    def draw_options(self, draw: Any, st: Any, ctx: OptionsContext) -> dict[str, Any]:
+        anchored = draw(st.booleans())
+        return {"k": ctx.k, "anchor_coef": 0.1 if anchored else 0.0, "anchor_every": draw(st.integers(1, 3)),
+                "anchor_source": ctx.embedding() if anchored else None}
 
     def init_model(self, d_in: int, d_sae: int, options: ArchOptions, *, seed: int, dtype: torch.dtype) -> Featurizer:
         return make_vasae(d_in, d_sae, seed=seed, dtype=dtype, **options.to_dict())

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dictcheck.empirics.architectures import architecture
+from dictcheck.empirics.architectures import REGISTRY, Architecture
 from dictcheck.empirics.io.safe_files import read_torch
 from dictcheck.empirics.io.sae_folder import new_sae_config, schema_of
 from dictcheck.empirics.io.saelens import (
@@ -21,22 +21,43 @@ from dictcheck.empirics.io.saelens import (
     dtype_name,
     read_json,
 )
-from dictcheck.theory.scaling import MAX_ENTRY
 
-__all__ = ["load_dictionary_learning"]
+__all__ = ["load_dictionary_learning", "from_dictionary_learning"]
 
-_DL_CLASSES = {"AutoEncoder": "relu", "AutoEncoderTopK": "topk", "BatchTopKSAE": "batchtopk", "JumpReluAutoEncoder": "jumprelu"}
+def _dl_classes() -> dict[str, Architecture]:
+    """``trainer.dict_class`` -> the registered architecture that reads it (its ``dl_class`` trait)."""
+    return {a.dl_class: a for a in REGISTRY.values() if a.dl_class is not None}
+
+
+class _CheckedState(Mapping[str, torch.Tensor]):
+    """A state dict whose entries are checked when an architecture reads them: a floating-point tensor, 2-D for a
+    matrix (``*.weight``, ``W_*``: dictionary_learning's names) and at most 1-D otherwise (SaeFormatError naming
+    it otherwise); shapes and values are checked against the architecture's schema after conversion."""
+
+    def __init__(self, sd: Mapping[str, Any], source: str, cls_name: str) -> None:
+        self._sd, self._source, self._cls = sd, source, cls_name
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        v = self._sd[name]
+        matrix = name.endswith("weight") or name.startswith("W_")
+        if not isinstance(v, torch.Tensor) or not v.is_floating_point() or (v.ndim != 2 if matrix else v.ndim > 1):
+            what = f"a {v.dtype} tensor of shape {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+            raise SaeFormatError(f"{self._source}: entry {name!r} must be a {'2-D' if matrix else '0-D or 1-D'} "
+                                 f"floating-point tensor (dict_class {self._cls}), got {what}")
+        return v
+
+    def __iter__(self):
+        return iter(self._sd)
+
+    def __len__(self) -> int:
+        return len(self._sd)
 
 
 def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
-    """Read a saprmarks/dictionary_learning folder (``ae.pt`` + ``config.json``).
-
-    Supported ``trainer.dict_class``: AutoEncoder (-> relu; its decoder bias is named ``bias``),
-    AutoEncoderTopK (-> topk), BatchTopKSAE (-> batchtopk; the scalar inference ``threshold`` becomes the
-    JumpReLU ``threshold`` tensor SAELens saves, and is kept in ``metadata.dictcheck.batchtopk.threshold``)
-    and JumpReluAutoEncoder (-> jumprelu, whose
-    tensors already use our names). encoder.weight [dict, act] -> W_enc = transpose;
-    decoder.weight [act, dict] -> W_dec = transpose. ``ae.pt`` is read with ``weights_only=True``.
+    """Read a saprmarks/dictionary_learning folder (``ae.pt`` + ``config.json``): ``trainer.dict_class`` names
+    the architecture (its ``dl_class``), whose :meth:`~Architecture.from_dictionary_learning` maps the state
+    dict's tensors to the saved names (e.g. encoder.weight [dict, act] -> W_enc = transpose; decoder.weight
+    [act, dict] -> W_dec = transpose). ``ae.pt`` is read with ``weights_only=True``.
     """
     directory = Path(directory)
     cfg_path, w_path = directory / "config.json", directory / "ae.pt"
@@ -44,56 +65,46 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
     trainer = raw.get("trainer") if isinstance(raw, dict) else None
     if not isinstance(trainer, dict):
         raise SaeFormatError(f"{cfg_path}: missing field 'trainer'")
-    cls_name = trainer.get("dict_class")
-    if not isinstance(cls_name, str) or cls_name not in _DL_CLASSES:
-        raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {cls_name!r}; supported: {sorted(_DL_CLASSES)}")
-    arch = _DL_CLASSES[cls_name]
+    if not isinstance(trainer.get("dict_class"), str) or trainer["dict_class"] not in _dl_classes():
+        raise SaeFormatError(f"{cfg_path}: unsupported trainer.dict_class {trainer.get('dict_class')!r}; supported: "
+                             f"{sorted(_dl_classes())}")
     try:
         sd = read_torch(w_path, "dictionary_learning weights")
     except ValueError as exc:
         raise SaeFormatError(str(exc)) from None
     if not isinstance(sd, Mapping):
         raise SaeFormatError(f"{w_path}: expected a state dict, got {type(sd).__name__}")
+    return from_dictionary_learning(trainer, sd, source=str(w_path))
 
-    def get(name: str, ndim: int) -> torch.Tensor:
-        """Tensor ``name`` of the state dict, a floating-point tensor of ``ndim`` dimensions (SaeFormatError
-        otherwise): every entry is checked before it is used."""
-        if name not in sd:
-            raise SaeFormatError(f"{w_path}: tensor {name!r} is missing (dict_class {cls_name})")
-        v = sd[name]
-        if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.ndim != ndim:
-            what = f"a {v.dtype} tensor of shape {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
-            raise SaeFormatError(f"{w_path}: entry {name!r} must be a {ndim}-D floating-point tensor, got {what}")
-        return v
 
-    arch_fields: dict[str, Any] = {"source": "dictionary_learning", "dict_class": cls_name}
-    if arch == "jumprelu":
-        w = {n: get(n, 2 if n.startswith("W_") else 1) for n in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
-    else:
-        enc, dec = get("encoder.weight", 2), get("decoder.weight", 2)
-        w = {
-            "W_enc": enc.T,
-            "b_enc": get("encoder.bias", 1),
-            "W_dec": dec.T,
-            "b_dec": get("bias", 1) if arch == "relu" else get("b_dec", 1),
-        }
-        if arch == "batchtopk":  # saved as SAELens saves it: the scalar θ repeated as a JumpReLU threshold
-            theta = float(get("threshold", 0)) if "threshold" in sd else 0.0
-            if not abs(theta) <= MAX_ENTRY:
-                raise SaeFormatError(f"{w_path}: entry 'threshold' is {theta!r}, not a finite number of magnitude at "
-                                     f"most {MAX_ENTRY:g}")
-            arch_fields["threshold"] = theta if "threshold" in sd else None
-            w["threshold"] = torch.full((enc.shape[0],), max(theta, 0.0), dtype=enc.dtype)
+def from_dictionary_learning(trainer: Mapping[str, Any], sd: Mapping[str, torch.Tensor], *,
+                             source: str) -> tuple[dict[str, torch.Tensor], SaeConfig]:
+    """A dictionary_learning module's state dict ``sd`` in dictcheck's layout; ``trainer`` holds its
+    ``dict_class`` (and, from a folder's config.json, ``activation_dim``, ``dict_size``, ``k``, ``seed``)."""
+    w_path = source
+    cls_name = trainer.get("dict_class")
+    classes = _dl_classes()
+    if not isinstance(cls_name, str) or cls_name not in classes:
+        raise SaeFormatError(f"{source}: unsupported dictionary_learning class {cls_name!r}; supported: "
+                             f"{sorted(classes)}")
+    arch = classes[cls_name]
+    try:
+        w, fields, cfg_fields = arch.from_dictionary_learning(_CheckedState(sd, w_path, cls_name))
+    except KeyError as exc:
+        raise SaeFormatError(f"{w_path}: tensor {exc.args[0]!r} is missing (dict_class {cls_name})") from None
+    except ValueError as exc:
+        raise SaeFormatError(f"{w_path}: {exc}") from None
+    arch_fields: dict[str, Any] = {"source": "dictionary_learning", "dict_class": cls_name, **fields}
     d_in, d_sae = int(w["W_enc"].shape[0]), int(w["W_enc"].shape[-1])
     for key, val in (("activation_dim", d_in), ("dict_size", d_sae)):
         if key in trainer and trainer[key] != val:
             raise SaeFormatError(f"{w_path}: tensor 'W_enc' implies {key}={val}, config.json says {trainer[key]}")
     k = trainer.get("k")
-    if architecture(arch).k_in_cfg and not isinstance(k, int):
+    if arch.k_in_cfg and not isinstance(k, int):
         kt = sd.get("k")
         k = int(kt) if isinstance(kt, torch.Tensor) and kt.numel() == 1 else None
     cfg = new_sae_config(
-        arch,
+        arch.name,
         d_in,
         d_sae,
         k=k,
@@ -101,6 +112,7 @@ def load_dictionary_learning(directory: str | os.PathLike[str]) -> tuple[dict[st
         lam=None,
         arch_fields=arch_fields,
         seed=trainer.get("seed"),
+        **cfg_fields,
     )
     weights = cast_weights(w, cfg)
     check_tensors(weights, cfg, schema_of(cfg), str(w_path))

@@ -20,16 +20,22 @@ from dictcheck.empirics.architectures import REGISTRY, Architecture, Schema, arc
 from dictcheck.empirics.architectures.featurizer import Featurizer
 from dictcheck.empirics.io.saelens import (
     CFG_FILE,
+    WEIGHTS_FILE,
     SaeConfig,
     SaeFormatError,
+    check_tensors,
     dictcheck_version,
     read_config,
-    read_sae_files,
+    read_safetensors,
     write_sae_files,
 )
 
 __all__ = [
     "arch_of",
+    "training_architecture_of",
+    "training_only_fields",
+    "folder_names",
+    "saelens_weights",
     "arch_fields_of",
     "schema_of",
     "validate_config",
@@ -41,6 +47,11 @@ __all__ = [
 ]
 
 
+def _saelens_training(name: Any) -> Architecture | None:
+    """The registered architecture SAELens trains as ``name`` (its ``saelens_training_name``), or None."""
+    return next((a for a in REGISTRY.values() if a.saelens_training_name == name), None)
+
+
 def _architecture_of(cfg: SaeConfig, source: str) -> Architecture:
     dc = cfg.dictcheck
     name = dc.get("arch")
@@ -48,10 +59,14 @@ def _architecture_of(cfg: SaeConfig, source: str) -> Architecture:
         for arch in REGISTRY.values():
             if arch.reads_foreign and arch.saved_name == cfg.architecture:
                 return arch
+        trained = _saelens_training(cfg.architecture)  # a folder of SAELens' save_model
+        if trained is not None:
+            return trained
         if isinstance(cfg.architecture, str) and cfg.architecture.startswith("dictcheck/"):
             name = cfg.architecture.split("/", 1)[1]
         else:
-            known = sorted({a.saved_name for a in REGISTRY.values()})
+            known = sorted({a.saved_name for a in REGISTRY.values()} | {a.saelens_training_name for a in
+                                                                        REGISTRY.values() if a.saelens_training_name})
             raise SaeFormatError(f"{source}: unknown architecture {cfg.architecture!r}; known: {known}")
     if not isinstance(name, str) or name not in REGISTRY:
         raise SaeFormatError(f"{source}: unknown dictcheck architecture {name!r} in metadata.dictcheck.arch")
@@ -66,6 +81,32 @@ def arch_of(cfg: SaeConfig, *, source: str = CFG_FILE) -> str:
     """The dictcheck architecture of ``cfg``: ``metadata.dictcheck.arch``, else the registered architecture
     that reads foreign folders saved as ``cfg.architecture`` (SaeFormatError when none)."""
     return _architecture_of(cfg, source).name
+
+
+def training_architecture_of(cfg: SaeConfig, *, source: str = CFG_FILE) -> Architecture:
+    """The architecture the folder's SAE was trained as: SAELens' ``metadata.training_architecture`` when a
+    registered architecture trains as it (e.g. ``batchtopk`` beside a saved ``jumprelu``), else the folder's
+    own architecture (:func:`arch_of`). Its traits say which objective was minimised and where λ comes from."""
+    trained = _saelens_training(cfg.metadata.get("training_architecture")) if not cfg.dictcheck else None
+    return trained if trained is not None else _architecture_of(cfg, source)
+
+
+def training_only_fields(cfg: SaeConfig, *, source: str = CFG_FILE) -> dict[str, Any]:
+    """The top-level fields of ``cfg`` that SAELens' training config declares training-only for the folder's
+    architecture (accepted, reported, not used; docs/ecosystem.md §1)."""
+    arch = _architecture_of(cfg, source)
+    return {n: v for n, v in cfg.extra_fields.items() if n in arch.saelens_training_fields}
+
+
+def folder_names(cfg: SaeConfig, model_arch: str) -> dict[str, Any]:
+    """How a report names the SAE: ``arch`` as the folder names it (SAELens' ``architecture``, e.g. ``standard``
+    or ``jumprelu``; dictcheck's name for its own folders and the foreign formats it converts),
+    ``training_architecture`` (SAELens' ``metadata.training_architecture``, e.g. ``batchtopk``, or None),
+    ``dictcheck_arch`` (the architecture whose semantics dictcheck computes) and the accepted
+    ``training_only_fields``."""
+    return {"arch": model_arch if cfg.dictcheck else cfg.architecture,
+            "training_architecture": None if cfg.dictcheck else cfg.metadata.get("training_architecture"),
+            "dictcheck_arch": model_arch, "training_only_fields": training_only_fields(cfg)}
 
 
 def arch_fields_of(cfg: SaeConfig) -> dict[str, Any]:
@@ -98,18 +139,20 @@ _FIXED_FIELDS: dict[str, Any] = {"activation_fn_str": "relu", "activation_fn_kwa
 def validate_config(cfg: SaeConfig, *, source: str = CFG_FILE) -> None:
     """The architecture's rules on top of the field checks: a known architecture, ``k`` where SAELens
     keeps it, the fields its weight schema needs, and no top-level field that could change what the SAE
-    computes unless dictcheck implements it (SaeFormatError, one line; nothing is ignored silently)."""
+    computes unless dictcheck implements it. Fields SAELens' training config declares training-only are
+    accepted (:func:`training_only_fields`). Every offending field is named in one SaeFormatError (one line;
+    nothing is ignored silently)."""
     arch = _architecture_of(cfg, source)
     if arch.k_in_cfg and cfg.k is None:
         raise SaeFormatError(f"{source}: architecture {cfg.architecture!r} requires field 'k'")
-    for name, value in cfg.extra_fields.items():
-        if name in PROVENANCE_FIELDS or name in arch.cfg_fields:
-            continue
-        if name in _FIXED_FIELDS and value == _FIXED_FIELDS[name] and arch.family == "sae":
-            continue
-        raise SaeFormatError(f"{source}: field {name!r} = {value!r} is not implemented by dictcheck for architecture "
-                             f"{cfg.architecture!r}; refusing rather than ignoring it (it may change what the SAE "
-                             "computes)")
+    offending = [f"{name!r} = {value!r}" for name, value in cfg.extra_fields.items()
+                 if name not in PROVENANCE_FIELDS and name not in arch.cfg_fields
+                 and name not in arch.saelens_training_fields
+                 and not (name in _FIXED_FIELDS and value == _FIXED_FIELDS[name] and arch.family == "sae")]
+    if offending:
+        raise SaeFormatError(f"{source}: field(s) {', '.join(offending)} not implemented by dictcheck for "
+                             f"architecture {cfg.architecture!r}; refusing rather than ignoring them (they may change "
+                             "what the SAE computes)")
     schema_of(cfg, source=source)
 
 
@@ -205,7 +248,21 @@ def load_sae(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor]
     cfg = read_config(directory)
     source = str(Path(directory) / CFG_FILE)
     validate_config(cfg, source=source)
-    return read_sae_files(directory, cfg, schema_of(cfg, source=source)), cfg
+    return saelens_weights(read_safetensors(Path(directory) / WEIGHTS_FILE), cfg,
+                           source=str(Path(directory) / WEIGHTS_FILE)), cfg
+
+
+def saelens_weights(tensors: Mapping[str, torch.Tensor], cfg: SaeConfig, *, source: str) -> dict[str, torch.Tensor]:
+    """The tensors of a folder (or of an SAE object's state dict) with config ``cfg``, under the saved names of
+    its architecture's schema and checked against it (name, shape, dtype, finite): a folder of SAELens'
+    ``save_model`` holds the training state, converted as ``save_inference_model`` would save it
+    (:meth:`Architecture.from_saelens_training`)."""
+    arch = _architecture_of(cfg, source)
+    weights = dict(tensors)
+    if not cfg.dictcheck and cfg.architecture == arch.saelens_training_name != arch.saved_name:
+        weights = arch.from_saelens_training(weights, cfg)
+    check_tensors(weights, cfg, schema_of(cfg, source=source), source)
+    return weights
 
 
 def load_featurizer(directory: str | os.PathLike[str]) -> tuple[Featurizer, SaeConfig]:

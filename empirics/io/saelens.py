@@ -218,6 +218,8 @@ class SaeConfig:
         ):
             if name in d:
                 kwargs[name] = d[name]
+        if isinstance(kwargs.get("k"), float) and kwargs["k"].is_integer():  # SAELens' BatchTopK k is a float
+            kwargs["k"] = int(kwargs["k"])
         if kwargs.get("normalize_activations") is None:
             kwargs.pop("normalize_activations", None)
         if kwargs.get("reshape_activations") is None:

@@ -4,7 +4,9 @@ layout (docs/ecosystem.md §1)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,23 +22,30 @@ from dictcheck.empirics.io.saelens import (
     shape_text,
 )
 
-__all__ = ["load_sparsify"]
+__all__ = ["load_sparsify", "from_sparsify"]
 
 
 def load_sparsify(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
-    """Read an EleutherAI sparsify hookpoint folder (``cfg.json`` + ``sae.safetensors``).
+    """Read an EleutherAI sparsify hookpoint folder (``cfg.json`` + ``sae.safetensors``): :func:`from_sparsify`
+    of its config and tensors."""
+    directory = Path(directory)
+    cfg_path, w_path = directory / "cfg.json", directory / "sae.safetensors"
+    raw = read_json(cfg_path)
+    if not isinstance(raw, dict):
+        raise SaeFormatError(f"{cfg_path}: top level must be a JSON object")
+    return from_sparsify(raw, read_safetensors(w_path), cfg_source=str(cfg_path), w_source=str(w_path))
+
+
+def from_sparsify(raw: dict[str, Any], t: Mapping[str, torch.Tensor], *, cfg_source: str,
+                  w_source: str) -> tuple[dict[str, torch.Tensor], SaeConfig]:
+    """A sparsify ``SparseCoder``'s config (``raw``, with ``d_in``) and state dict ``t`` in dictcheck's layout.
 
     encoder.weight [num_latents, d_in] -> W_enc = transpose [d_in, d_sae]; encoder.bias -> b_enc;
     W_dec [num_latents, d_in] and b_dec unchanged. sparsify is a TopK SAE whose encoder does see
     x - b_dec, so the result is ``topk`` with ``apply_b_dec_to_input=True``. Skip connections
     (``W_skip``) are not representable and raise :class:`SaeFormatError`.
     """
-    directory = Path(directory)
-    cfg_path, w_path = directory / "cfg.json", directory / "sae.safetensors"
-    raw = read_json(cfg_path)
-    if not isinstance(raw, dict):
-        raise SaeFormatError(f"{cfg_path}: top level must be a JSON object")
-    t = read_safetensors(w_path)
+    w_path = w_source
     for name in ("encoder.weight", "encoder.bias", "W_dec", "b_dec"):
         if name not in t:
             raise SaeFormatError(f"{w_path}: tensor {name!r} is missing")
@@ -53,7 +62,7 @@ def load_sparsify(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Te
         raise SaeFormatError(f"{w_path}: tensor 'encoder.weight' has shape {shape_text(enc.shape)}, expected [{raw['num_latents']}, d_in] (cfg.json num_latents)")
     k = raw.get("k")
     if not isinstance(k, int):
-        raise SaeFormatError(f"{cfg_path}: missing or non-int field 'k'")
+        raise SaeFormatError(f"{cfg_source}: missing or non-int field 'k'")
     cfg = new_sae_config(
         "topk",
         int(d_in),

@@ -1,5 +1,5 @@
 """Products with a sparse code matrix, compiled: the backward pass of the TopK family's gathered
-decode and sparse encoder (empirics/architectures/linear_sae.py; docs/ecosystem.md §3, "The TopK family's
+decode and sparse encoder (empirics/kernels/active_latents.py; docs/ecosystem.md §3, "The TopK family's
 sparse step"; benchmarks/RESULTS.md §4).
 
 The codes Z (B × d_sae) are given by their P non-zeros p = (token t_p, latent j_p, value z_p). With

@@ -1,4 +1,4 @@
-"""Row-wise top-m of the TopK-family pre-activations (empirics/architectures/linear_sae.py) without the dense pass.
+"""Row-wise top-m of the TopK-family pre-activations (empirics/architectures/topk.py) without the dense pass.
 
 :func:`row_topk` returns, for every row of a (n, d) matrix, its m largest entries and their
 columns, sorted by value (largest first; equal values by column), the same as

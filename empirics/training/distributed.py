@@ -1,4 +1,4 @@
-"""Data-parallel training over several processes (torchrun + DistributedDataParallel; issue 8).
+"""Data-parallel training over several processes (torchrun + DistributedDataParallel).
 
 :func:`empirics.training.loop.train` runs unchanged in each of P processes started by ``torchrun`` (or
 ``dictcheck train --nproc P``); a :class:`World` tells it this process's rank and does the few
@@ -22,12 +22,11 @@ per-rank batch), equal up to the summation order of floating-point sums: each st
 divides each gradient component by √v̂ + eps, so a component whose exact gradient vanishes (e.g.
 data symmetric about b_dec) turns rounding noise into steps of up to lr·noise/eps and the two runs
 drift apart, as far as one process does from itself with each batch merely reversed (measured:
-~1e-6 in W_enc after 11 steps of ``abs`` on a two-point toy). This holds for ``relu``, ``topk``
-(aux_coef = 0), ``jumprelu``, ``abs``, ``bsf-vanilla`` / ``bsf-grassmann`` with ``denoise`` = 0
-and ``bsf-grouplasso`` with ``denoise`` = 0 and the shrink gate, and ``vasae`` (its anchor term
-depends on the weights only).
-:meth:`dictcheck.empirics.architectures.Architecture.ddp_inexactness` names what differs for the others: their
-loss couples the tokens of a batch, and each rank couples only its own b tokens.
+~1e-6 in W_enc after 11 steps of ``abs`` on a two-point toy). This holds for every architecture and
+options whose :meth:`~dictcheck.empirics.architectures.base.Architecture.ddp_inexactness` is None (its
+loss is a mean over tokens); for the others that method names what differs: their loss couples the tokens
+of a batch (e.g. AuxK, batchtopk's batch-wide selection, the BSF's denoising scale), and each rank couples
+only its own b tokens.
 
 **Dead latents** use the global batch: the per-rank "fired" masks are OR-ed (all-reduce MAX) and
 the counters advance by B. **Logged** loss, mse, sparsity_loss, aux_loss and l0 are the means of

@@ -95,7 +95,7 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.architectures import REGISTRY, architecture
-from dictcheck.empirics.architectures.sae import sae_default_lr as default_lr
+from dictcheck.empirics.architectures.linear_sae import sae_default_lr as default_lr
 from dictcheck.empirics.training.checkpoints import (
     CHECKPOINT_DIR,
     CKPT_FORMAT,
@@ -273,9 +273,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig: b_dec_init must be one of {list(arch.b_dec_inits)} for arch "
                              f"{model.arch!r}, got {cfg.b_dec_init!r}")
         lam = getattr(model.arch_options, "lam", None)
-        if cfg.b_dec_init == "huber_median" and (model.arch != "relu" or not lam):
-            raise ValueError(f"TrainConfig: b_dec_init 'huber_median' needs arch 'relu' with lam > 0, got arch "
-                             f"{model.arch!r} lam={lam!r}")
+        if cfg.b_dec_init == "huber_median" and not lam:  # the Huber median at λ: objective (1)'s, λ > 0
+            raise ValueError(f"TrainConfig: b_dec_init 'huber_median' needs lam > 0, got arch {model.arch!r} "
+                             f"lam={lam!r}")
         return cfg
 
     def resolved_device(self) -> torch.device:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dictcheck.empirics.architectures import build_model
+from dictcheck.empirics.architectures import architecture, build_model
 from dictcheck.empirics.architectures.bilinear import MuonConfig, hoyer_mean, train_muon
 from dictcheck.empirics.data.quadric_toy import QuadricToy, make_quadric_toy
 from dictcheck.empirics.training.loop import TrainConfig, best_of_runs, torch_threads, train
@@ -171,9 +171,10 @@ def kernel_exact_cases(rng: np.random.Generator, per_prior: int = 4) -> list[dic
         for _ in range(per_prior):
             N, D, d = int(rng.integers(2, 13)), int(rng.integers(2, 7)), int(rng.integers(1, 8))
             options: dict[str, Any] = {"hoyer_coef": 0.0, "tile": int(rng.integers(0, d + 1))}
-            if arch != "bilinear-atomic":
+            takes = architecture(arch).Options.field_names()
+            if "decoder" in takes:
                 options["decoder"] = decoder
-            if arch == "bilinear-compound":  # k_c = n_a (dense C) is drawn too
+            if "n_atoms" in takes:  # compound: k_c = n_a (dense C) is drawn too
                 n_a = int(rng.integers(1, 9))
                 options.update(n_atoms=n_a, k_c=int(rng.integers(1, n_a + 1)), tile=int(rng.integers(0, n_a + 1)),
                                atoms=atoms)

@@ -71,6 +71,8 @@ EVEN_ANGLES = (3, 4, 5, 7, 12, 100)
 #: authors'), the k of the elbow rule, and the oracle's floor.
 PAPER_BAR = 0.93
 PAPER_SAE = 0.53
+#: The Π_k BSFs of bsf.recovery (the Group-Lasso BSF has its own check, bsf.grouplasso_recovery).
+RECOVERY_ARCHS = ("bsf-vanilla", "bsf-grassmann")
 RECOVERY_LRS = (3e-3, 4e-4)
 ELBOW_KS = (1, 2, 3, 4, 5)
 ORACLE_MIN = 0.99
@@ -230,7 +232,7 @@ def bsf_recovery(ctx: CheckContext) -> Outcome:
     caches = {lr: ModelCache(prep, replace(s, lr=lr), ctx.seed) for lr in RECOVERY_LRS}
     by_lr: dict[str, dict[str, dict]] = {}
     chosen: dict[str, float] = {}
-    for arch in ("bsf-vanilla", "bsf-grassmann"):
+    for arch in RECOVERY_ARCHS:
         runs = {lr: caches[lr].get(arch, d_sae, k_true, {"block_size": q}) for lr in RECOVERY_LRS}
         by_lr[arch] = {str(lr): _recovery_row(bench, t) for lr, t in runs.items()}
         chosen[arch] = min(RECOVERY_LRS, key=lambda lr: runs[lr].metrics["train_objective"])

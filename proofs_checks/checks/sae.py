@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dictcheck.empirics.metrics.reconstruction import amortisation_gap, unit_atom_objective
-from dictcheck.empirics.architectures import build_model
+from dictcheck.empirics.architectures import architecture, build_model
 from dictcheck.empirics.data.toys import make_toy
 from dictcheck.empirics.training.loop import TrainConfig, torch_threads, train
 from dictcheck.proofs_checks.figures import plot_antipodal_against_p
@@ -57,7 +57,11 @@ ABSORPTION_WIDTHS = (2, 3, 4, 6)
 ABSORPTION_STEPS = 2000
 ABSORPTION_TILT = 0.1
 ABSORPTION_MARGIN = 0.05
-GAP_ARCHS = ("relu", "topk", "batchtopk", "jumprelu", "abs")
+#: The checks' training options per architecture beyond λ (which every architecture taking ``lam`` gets).
+TRAINING_OPTIONS: dict[str, dict[str, Any]] = {"jumprelu": _JUMPRELU}
+#: sae.amortisation_gap's runs: architecture -> its options beyond λ (the regime of its prediction).
+GAP_RUNS: dict[str, dict[str, Any]] = {"relu": {}, "topk": {"k": 2}, "batchtopk": {"k": 2}, "jumprelu": _JUMPRELU,
+                                       "abs": {}}
 GAP_TOL = -1e-9
 WIDE_REL_TOL = 0.02
 WIDE_COS = 0.99
@@ -81,13 +85,13 @@ class _Trained:
 
 
 def _train(X: np.ndarray, arch: str, d_sae: int, *, seed: int, steps: int, lam: float | None = None,
-           k: int | None = None, batch_size: int | None = None, b_dec_init: str = "geometric_median",
+           options: dict[str, Any] | None = None, batch_size: int | None = None, b_dec_init: str = "geometric_median",
            freeze_b_dec: bool = False) -> _Trained:
-    """Train one SAE on X (D, N) with the project's loop (nothing written) and encode X."""
-    options: dict[str, Any] = {"k": k} if k is not None else {"lam": lam}
-    options["freeze_b_dec"] = freeze_b_dec
-    if arch == "jumprelu":
-        options.update(_JUMPRELU)
+    """Train one SAE on X (D, N) with the project's loop (nothing written) and encode X: λ for an architecture
+    that takes one, then ``options`` (default: its :data:`TRAINING_OPTIONS`)."""
+    takes_lam = "lam" in architecture(arch).Options.field_names()
+    options = {**({"lam": lam} if takes_lam else {}), **(TRAINING_OPTIONS.get(arch, {}) if options is None else options),
+               "freeze_b_dec": freeze_b_dec}
     model = build_model(arch, X.shape[0], d_sae, options, seed=int(seed), dtype=torch.float64)
     cfg = TrainConfig(steps=steps, batch_size=batch_size or X.shape[1], lr=_LR, seed=int(seed), device="cpu",
                       checkpoint_every=0, log_every=max(steps, 1), b_dec_init=b_dec_init, keep_checkpoints=1)
@@ -151,22 +155,21 @@ def dense_scalar_toy(ctx: CheckContext, p: float, lam: float):
 
 
 def _objective(arch: str, W: np.ndarray, Z: np.ndarray, b: np.ndarray, X: np.ndarray, lam: float) -> float:
-    """The objective the arch trains, at the given codes: (1) for relu and abs (Σ|z|, §4.5); for jumprelu the
-    L0 objective of §5.5, (1/N) Σ_i ‖x_i − W z_i − b‖² + λ‖z_i‖₀."""
-    if arch == "abs":
-        return sae_objective(W, Z, b, X, lam)
-    if arch == "relu":
-        return unit_atom_objective(W, Z, b, X, lam)
+    """The objective the arch trains, at the given codes: (1) for an architecture trained on it (signed codes:
+    Σ|z|, §4.5); otherwise (jumprelu) the L0 objective of §5.5, (1/N) Σ_i ‖x_i − W z_i − b‖² + λ‖z_i‖₀."""
+    a = architecture(arch)
+    if a.trains_objective_1:
+        return (sae_objective if a.signed_codes else unit_atom_objective)(W, Z, b, X, lam)
     R = X - b[:, None] - W @ Z
     return float((np.sum(R * R) + lam * np.count_nonzero(Z)) / X.shape[1])
 
 
 def _reference(arch: str, toy) -> float:
-    """The toy's optimum of the arch's objective: the Huber bound (7) (relu; abs by §4.5) or the exact L0
-    optimum of §5.5 on the toy's own amplitudes (jumprelu)."""
-    if arch == "jumprelu":
-        return l0_optimum(toy.ground_truth["s"], toy.lam).best.objective
-    return solve_wide_limit(toy.X, toy.lam).objective
+    """The toy's optimum of the arch's objective: the Huber bound (7) (objective (1): relu; abs by §4.5) or the
+    exact L0 optimum of §5.5 on the toy's own amplitudes (jumprelu)."""
+    if architecture(arch).trains_objective_1:
+        return solve_wide_limit(toy.X, toy.lam).objective
+    return l0_optimum(toy.ground_truth["s"], toy.lam).best.objective
 
 
 def antipodal_table(ctx: CheckContext, p_grid: tuple[float, ...], archs: tuple[str, ...], steps: int = ANTIPODAL_STEPS,
@@ -269,7 +272,7 @@ def _table(rows: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
 def sae_antipodal_threshold(ctx: CheckContext) -> Outcome:
     rows = antipodal_table(ctx, ANTIPODAL_P, ("relu", "abs"))
     mismatches = [{"arch": r["arch"], "p": r["p"], "pair": r["pair"]} for r in rows
-                  if r["pair"] != (r["arch"] == "relu" and r["p"] > 0.5)]
+                  if r["pair"] != (not architecture(r["arch"]).signed_codes and r["p"] > 0.5)]
     positive, negative, duplicated = _l1_optimum_summary(ctx, 0.8), _l1_optimum_summary(ctx, 0.2), \
         _duplicated_line_summary(ctx, 0.8)
     controls = [
@@ -621,14 +624,14 @@ def _absorption_words(m: dict[str, Any]) -> str:
 # sae.amortisation_gap
 
 
-def amortisation_rows(ctx: CheckContext, archs: tuple[str, ...] = GAP_ARCHS, steps: int = 1000) -> list[dict]:
+def amortisation_rows(ctx: CheckContext, runs: dict[str, dict[str, Any]] = GAP_RUNS, steps: int = 1000) -> list[dict]:
     toy = make_toy("independent_features", seed=ctx.seed)
     X, lam = toy.X, toy.lam
     rows = []
-    for arch in archs:
-        k = 2 if arch in ("topk", "batchtopk") else None
-        t = _train(X, arch, 6, seed=ctx.seed, steps=steps, lam=lam, k=k)
-        if arch == "abs":
+    for arch, options in runs.items():
+        k = options.get("k")
+        t = _train(X, arch, 6, seed=ctx.seed, steps=steps, lam=lam, options=options)
+        if architecture(arch).signed_codes:
             # Signed codes with |z| penalty = non-negative codes on the doubled dictionary [W, −W] (§4.5).
             W2 = np.hstack([t.W, -t.W])
             Z2 = np.vstack([np.maximum(t.Z, 0), np.maximum(-t.Z, 0)])
@@ -638,7 +641,7 @@ def amortisation_rows(ctx: CheckContext, archs: tuple[str, ...] = GAP_ARCHS, ste
         else:
             gap = amortisation_gap(t.W, t.Z, None, t.b, X, lam)
             o_enc = unit_atom_objective(t.W, t.Z, t.b, X, lam)
-            note = "λ is descriptive for this arch (§7)" if arch not in ("relu",) else "loss = objective (1)"
+            note = "loss = objective (1)" if architecture(arch).trains_objective_1 else "λ is descriptive for this arch (§7)"
         rows.append({"arch": arch, "k": k, "gap": float(gap), "objective_encoder": o_enc,
                      "objective_exact": o_enc - gap, "relative_gap": float(gap / o_enc) if o_enc else None,
                      "l0_encoder": float(np.mean(np.sum(t.Z != 0, axis=0))), "note": note})

@@ -60,7 +60,9 @@ def _print_human(report: dict[str, Any], directory: str) -> None:
     print()
     print("\n".join(SCALES))
     print()
-    print(f"SAE {directory} ({report['format']}): arch {report['arch']}, d_in {report['d_in']}, "
+    trained = report.get("training_architecture")
+    arch = report["arch"] + (f" (trained as {trained})" if trained and trained != report["arch"] else "")
+    print(f"SAE {directory} ({report['format']}): arch {arch}, d_in {report['d_in']}, "
           f"d_sae {report['d_sae']}, {report['n_tokens']} tokens from {report['data']}")
     print(f"λ = {report['lam']:.6g} ({report['lam_source']}"
           + (f"; {report['lam_details']['note']}" if report["lam_details"].get("note") else "") + ")")

@@ -305,7 +305,7 @@ def sae_report(directory: str | Any, data: Any, settings: SaeCheckSettings | Non
     say = log or (lambda msg: None)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    model, cfg, fmt = load_any_sae(directory)
+    model, cfg, fmt = load_any_sae(directory, mmap=True)
     directory = source_name(directory)
     arch = architecture(model.arch)
     if arch.family != "sae":

@@ -585,3 +585,77 @@ def test_mapped_safetensors_equal_the_library_and_refuse_broken_files(tmp_path) 
         with pytest.raises(SaeFormatError) as err:
             read_safetensors(bad, mmap=True)
         assert "\n" not in str(err.value)
+
+
+LINEAR_ARCHS = sorted(a for a in REGISTRY if architecture(a).family == "sae")
+SAELENS_FIXTURES = Path(__file__).parent / "fixtures" / "saelens"
+
+
+def _overwrite_tensor(path: Path, name: str, values: torch.Tensor) -> None:
+    """Write ``values`` over tensor ``name`` of a safetensors file in place (its header unchanged)."""
+    with open(path, "r+b") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        lo, _hi = json.loads(fh.read(n))[name]["data_offsets"]
+        fh.seek(8 + n + lo)
+        fh.write(values.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def _assert_same_model(mapped, copied, x: torch.Tensor) -> None:
+    state_m, state_c = mapped.state_dict(), copied.state_dict()
+    assert state_m.keys() == state_c.keys()
+    for key, value in state_c.items():
+        assert state_m[key].dtype == value.dtype and torch.equal(state_m[key], value), key
+    assert mapped.training == copied.training
+    with torch.no_grad():
+        assert torch.equal(mapped.encode(x.to(copied.W_dec.dtype)), copied.encode(x.to(copied.W_dec.dtype)))
+
+
+@pytest.mark.parametrize("arch", LINEAR_ARCHS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mapped_loading_is_the_same_model_without_a_copy(tmp_path: Path, arch: str, dtype: str):
+    """load_any_sae(mmap=True): every parameter and buffer equal to the copying load's (no uninitialised
+    storage left, extra state such as thresholds loaded), the same codes, and W_enc / W_dec views of the
+    file itself (a write to the file shows in the model)."""
+    from dictcheck.empirics.io.formats import load_any_sae
+
+    cfg = make_cfg(arch, dtype)
+    w = make_weights(cfg)
+    if "threshold" in w:
+        w["threshold"] = (w["threshold"].abs() if arch == "jumprelu"
+                          else torch.full_like(w["threshold"], 0.5))
+    save_sae(tmp_path, w, cfg)
+    mapped, cfg_m, _ = load_any_sae(tmp_path, mmap=True)
+    copied, cfg_c, _ = load_any_sae(tmp_path)
+    assert cfg_m == cfg_c
+    _assert_same_model(mapped, copied, torch.randn(9, D, generator=torch.Generator().manual_seed(1)))
+    new_dec = torch.full_like(w["W_dec"], 0.25)
+    _overwrite_tensor(tmp_path / "sae_weights.safetensors", "W_dec", new_dec)
+    assert torch.equal(mapped.W_dec.detach(), new_dec) and not torch.equal(copied.W_dec.detach(), new_dec)
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in SAELENS_FIXTURES.iterdir() if p.is_dir()))
+def test_mapped_loading_of_folders_saelens_wrote(folder: str):
+    """Both save methods of SAELens (save_model folders are converted, so only their converted tensors are
+    new): the mapped load is the copying load's model."""
+    from dictcheck.empirics.io.formats import load_any_sae
+
+    mapped, _, _ = load_any_sae(SAELENS_FIXTURES / folder, mmap=True)
+    copied, _, _ = load_any_sae(SAELENS_FIXTURES / folder)
+    _assert_same_model(mapped, copied, torch.randn(9, copied.d_in, generator=torch.Generator().manual_seed(2)))
+
+
+def test_mapped_loading_of_a_sparsify_folder(tmp_path: Path):
+    """sparsify's encoder.weight is W_encᵀ: mapped, W_enc is the transposed view of the file's tensor."""
+    from dictcheck.empirics.io.formats import load_any_sae
+
+    g = torch.Generator().manual_seed(0)
+    t = {"encoder.weight": torch.randn(Z, D, generator=g), "encoder.bias": torch.randn(Z, generator=g),
+         "W_dec": torch.randn(Z, D, generator=g), "b_dec": torch.randn(D, generator=g)}
+    safetensors.torch.save_file(t, tmp_path / "sae.safetensors")
+    (tmp_path / "cfg.json").write_text(json.dumps({"num_latents": Z, "k": 4, "d_in": D}))
+    mapped, _, fmt = load_any_sae(tmp_path, mmap=True)
+    copied, _, _ = load_any_sae(tmp_path)
+    assert fmt == "sparsify"
+    _assert_same_model(mapped, copied, torch.randn(9, D, generator=g))
+    _overwrite_tensor(tmp_path / "sae.safetensors", "encoder.weight", torch.zeros(Z, D))
+    assert not bool(mapped.W_enc.detach().any())

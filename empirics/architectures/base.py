@@ -246,15 +246,23 @@ class Architecture:
         except ValueError as exc:
             raise ValueError(f"cannot rebuild {self.name}: {exc}") from None
 
-    def from_folder(self, cfg: SaeConfig, weights: Mapping[str, torch.Tensor]) -> Featurizer:
+    def from_folder(self, cfg: SaeConfig, weights: Mapping[str, torch.Tensor], *, mapped: bool = False
+                    ) -> Featurizer:
         """The model a checked folder holds: built with :meth:`folder_options`, weights and non-weight
-        fields (``metadata.dictcheck.<fields_key>``) loaded. ValueError for weights the model refuses."""
-        model = self.build(cfg.d_in, cfg.d_sae, self.folder_options(cfg), dtype=cfg.torch_dtype)
-        model.load_state_weights(dict(weights))
+        fields (``metadata.dictcheck.<fields_key>``) loaded. ValueError for weights the model refuses.
+        ``mapped``: the weights are views of the file (memory-mapped); see :meth:`model_with_weights`."""
+        model = self.model_with_weights(cfg, dict(weights), mapped=mapped)
         fields = cfg.dictcheck.get(self.fields_key)
         if isinstance(fields, dict) and fields:
             model.load_arch_fields(fields)
         self.apply_cfg_fields(model, cfg)
+        return model
+
+    def model_with_weights(self, cfg: SaeConfig, weights: dict[str, torch.Tensor], *, mapped: bool) -> Featurizer:
+        """A model built with :meth:`folder_options` holding ``weights`` (copied into its own parameters: a
+        ``mapped`` file is read whole)."""
+        model = self.build(cfg.d_in, cfg.d_sae, self.folder_options(cfg), dtype=cfg.torch_dtype)
+        model.load_state_weights(weights)
         return model
 
     def apply_cfg_fields(self, model: Featurizer, cfg: SaeConfig) -> None:

@@ -263,8 +263,10 @@ class LinearSAE(Featurizer):
         return {**{n: getattr(self, n).detach().clone() for n in self._saved_parameters()}, **self.extra_state()}
 
     @torch.no_grad()
-    def load_state_weights(self, weights: dict[str, Tensor]) -> None:
-        """Inverse of :meth:`state_weights`; names and shapes must match exactly (ValueError otherwise)."""
+    def load_state_weights(self, weights: dict[str, Tensor], *, assign: bool = False) -> None:
+        """Inverse of :meth:`state_weights`; names and shapes must match exactly (ValueError otherwise).
+        ``assign``: a weight already of the parameter's dtype and device becomes the parameter itself (no copy;
+        for memory-mapped files); the others are copied."""
         shapes = self.weight_shapes()
         missing = sorted(set(shapes) - set(weights))
         extra = sorted(set(weights) - set(shapes))
@@ -276,7 +278,11 @@ class LinearSAE(Featurizer):
                 raise ValueError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
         for name in self._saved_parameters():
             p = getattr(self, name)
-            p.copy_(torch.as_tensor(weights[name]).to(device=p.device, dtype=p.dtype))
+            t = torch.as_tensor(weights[name])
+            if assign and t.dtype == p.dtype and t.device == p.device:
+                setattr(self, name, torch.nn.Parameter(t, requires_grad=p.requires_grad))
+            else:
+                p.copy_(t.to(device=p.device, dtype=p.dtype))
         self.load_extra_state({n: torch.as_tensor(weights[n]) for n in self.extra_weight_shapes()})
 
     def extra_repr(self) -> str:
@@ -333,6 +339,18 @@ class LinearSAEArchitecture(Architecture):
         model = self.Model(d_in, d_sae, options, dtype=dtype)
         model.initialise_(seed)
         model.b_dec.requires_grad_(not options.freeze_b_dec)
+        return model
+
+    def model_with_weights(self, cfg: SaeConfig, weights: dict[str, Tensor], *, mapped: bool) -> Featurizer:
+        """As :meth:`Architecture.model_with_weights`; ``mapped``: the model is built on the meta device (no
+        initialisation), given uninitialised storage, and the weights become its parameters without a copy, so
+        an SAE of any width costs the pages of its file that are read."""
+        if not mapped:
+            return super().model_with_weights(cfg, weights, mapped=False)
+        with torch.device("meta"):
+            model = self.build(cfg.d_in, cfg.d_sae, self.folder_options(cfg), dtype=cfg.torch_dtype)
+        model.to_empty(device="cpu")
+        model.load_state_weights(weights, assign=True)
         return model
 
     def folder_options(self, cfg: SaeConfig) -> ArchOptions:

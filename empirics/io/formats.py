@@ -48,9 +48,11 @@ def detect_format(directory: str | os.PathLike[str]) -> str:
     raise SaeFormatError(f"{directory}: not an SAE folder of a known format ({wanted})")
 
 
-def load_any_sae(source: str | os.PathLike[str] | Any) -> tuple[Featurizer, SaeConfig, str]:
+def load_any_sae(source: str | os.PathLike[str] | Any, *, mmap: bool = False) -> tuple[Featurizer, SaeConfig, str]:
     """(model in eval mode, its config in dictcheck's layout, the format) for any folder of :data:`FORMATS`, or
-    for an SAE object in memory (:func:`dictcheck.empirics.io.objects.load_object`)."""
+    for an SAE object in memory (:func:`dictcheck.empirics.io.objects.load_object`). ``mmap``: the weights of a
+    safetensors file (SAELens, sparsify) stay copy-on-write views of it where the architecture allows
+    (:meth:`Architecture.from_folder`), so an SAE wider than memory loads in the pages it reads."""
     if not isinstance(source, (str, os.PathLike)):
         from dictcheck.empirics.io.objects import load_object
 
@@ -58,11 +60,12 @@ def load_any_sae(source: str | os.PathLike[str] | Any) -> tuple[Featurizer, SaeC
     directory = source
     fmt = detect_format(directory)
     if fmt == "saelens":
-        model, cfg = load_featurizer(directory)
+        model, cfg = load_featurizer(directory, mmap=mmap)
         return model, cfg, fmt
-    weights, cfg = load_sparsify(directory) if fmt == "sparsify" else load_dictionary_learning(directory)
+    mapped = mmap and fmt == "sparsify"  # dictionary_learning's torch pickles are read whole
+    weights, cfg = load_sparsify(directory, mmap=mapped) if fmt == "sparsify" else load_dictionary_learning(directory)
     try:
-        model = architecture(arch_of(cfg)).from_folder(cfg, weights)
+        model = architecture(arch_of(cfg)).from_folder(cfg, weights, mapped=mapped)
     except ValueError as exc:
         raise SaeFormatError(f"{directory}: {exc}") from None
     model.eval()

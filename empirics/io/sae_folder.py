@@ -242,13 +242,14 @@ def save_sae(
     return write_sae_files(directory, weights, cfg, schema_of(cfg), sparsity=sparsity, metrics=metrics)
 
 
-def load_sae(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
+def load_sae(directory: str | os.PathLike[str], *, mmap: bool = False) -> tuple[dict[str, torch.Tensor], SaeConfig]:
     """Load an SAE folder written by :func:`save_sae` (or by SAELens for the standard archs): ``(weights,
-    cfg)`` with CPU tensors, every name, shape, dtype and value checked (SaeFormatError, one line)."""
+    cfg)`` with CPU tensors, every name, shape, dtype and value checked (SaeFormatError, one line). ``mmap``:
+    the tensors are copy-on-write views of the file (:func:`~dictcheck.empirics.io.saelens.mapped_safetensors`)."""
     cfg = read_config(directory)
     source = str(Path(directory) / CFG_FILE)
     validate_config(cfg, source=source)
-    return saelens_weights(read_safetensors(Path(directory) / WEIGHTS_FILE), cfg,
+    return saelens_weights(read_safetensors(Path(directory) / WEIGHTS_FILE, mmap=mmap), cfg,
                            source=str(Path(directory) / WEIGHTS_FILE)), cfg
 
 
@@ -265,13 +266,14 @@ def saelens_weights(tensors: Mapping[str, torch.Tensor], cfg: SaeConfig, *, sour
     return weights
 
 
-def load_featurizer(directory: str | os.PathLike[str]) -> tuple[Featurizer, SaeConfig]:
+def load_featurizer(directory: str | os.PathLike[str], *, mmap: bool = False) -> tuple[Featurizer, SaeConfig]:
     """Load weights and config with :func:`load_sae` and rebuild the model in eval mode
-    (:meth:`Architecture.from_folder`). SaeFormatError for unreadable folders or missing build information."""
-    weights, cfg = load_sae(directory)
+    (:meth:`Architecture.from_folder`; ``mmap``: its weights stay views of the file where the architecture
+    allows). SaeFormatError for unreadable folders or missing build information."""
+    weights, cfg = load_sae(directory, mmap=mmap)
     arch = architecture(arch_of(cfg))
     try:
-        model = arch.from_folder(cfg, weights)
+        model = arch.from_folder(cfg, weights, mapped=mmap)
     except ValueError as exc:
         raise SaeFormatError(f"{directory}: {exc}") from None
     model.eval()

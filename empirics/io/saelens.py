@@ -271,8 +271,9 @@ Schema = Mapping[str, tuple[tuple[int, ...], bool]]
 
 
 def cast_weights(tensors: Mapping[str, torch.Tensor], cfg: SaeConfig) -> dict[str, torch.Tensor]:
-    """The tensors detached, on the CPU, contiguous and in the dtype of ``cfg``."""
-    return {n: t.detach().to("cpu", cfg.torch_dtype).contiguous() for n, t in tensors.items()}
+    """The tensors detached, on the CPU and in the dtype of ``cfg`` (a tensor already so is returned as it is,
+    so a view of a memory-mapped file stays one)."""
+    return {n: t.detach().to("cpu", cfg.torch_dtype) for n, t in tensors.items()}
 
 
 def dtype_name(t: torch.Tensor) -> str:
@@ -306,10 +307,9 @@ def check_tensors(
             )
         if check_dtype and t.dtype != cfg.torch_dtype:
             raise SaeFormatError(f"{source}: tensor {name!r} has dtype {t.dtype}, cfg.json dtype is {cfg.dtype!r}")
-        n_bad = _non_finite_count(t)
+        n_bad, biggest = _entry_stats(t)
         if n_bad:
             raise SaeFormatError(f"{source}: tensor {name!r} (shape {shape_text(t.shape)}) has {n_bad} non-finite values")
-        biggest = float(t.abs().max()) if t.numel() else 0.0
         if biggest > MAX_ENTRY:
             raise SaeFormatError(f"{source}: tensor {name!r} has entries up to {biggest:.3g} in magnitude, more than "
                                  f"the {MAX_ENTRY:g} accepted (its products would overflow)")
@@ -320,11 +320,18 @@ def check_tensors(
         )
 
 
-def _non_finite_count(t: torch.Tensor, block: int = 1 << 24) -> int:
-    """How many entries of t are NaN or ±inf, a block of entries at a time (no full-size temporary: a
-    memory-mapped million-latent decoder is read once, never copied)."""
+def _entry_stats(t: torch.Tensor, block: int = 1 << 24) -> tuple[int, float]:
+    """(how many entries of t are NaN or ±inf, the largest |entry| among the finite ones), a block of entries at
+    a time (no full-size temporary: a memory-mapped million-latent decoder is read once, never copied)."""
     flat = t.reshape(-1)
-    return sum(int((~torch.isfinite(flat[lo:lo + block])).sum()) for lo in range(0, flat.numel(), block))
+    n_bad, biggest = 0, 0.0
+    for lo in range(0, flat.numel(), block):
+        part = flat[lo:lo + block]
+        finite = torch.isfinite(part)
+        n_bad += int((~finite).sum())
+        if n_bad == 0 and part.numel():
+            biggest = max(biggest, float(part.abs().max()))
+    return n_bad, biggest
 
 
 def _to_tensor(name: str, x: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -25,15 +25,16 @@ from dictcheck.empirics.io.saelens import (
 __all__ = ["load_sparsify", "from_sparsify"]
 
 
-def load_sparsify(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], SaeConfig]:
+def load_sparsify(directory: str | os.PathLike[str], *, mmap: bool = False
+                  ) -> tuple[dict[str, torch.Tensor], SaeConfig]:
     """Read an EleutherAI sparsify hookpoint folder (``cfg.json`` + ``sae.safetensors``): :func:`from_sparsify`
-    of its config and tensors."""
+    of its config and tensors (``mmap``: views of the file)."""
     directory = Path(directory)
     cfg_path, w_path = directory / "cfg.json", directory / "sae.safetensors"
     raw = read_json(cfg_path)
     if not isinstance(raw, dict):
         raise SaeFormatError(f"{cfg_path}: top level must be a JSON object")
-    return from_sparsify(raw, read_safetensors(w_path), cfg_source=str(cfg_path), w_source=str(w_path))
+    return from_sparsify(raw, read_safetensors(w_path, mmap=mmap), cfg_source=str(cfg_path), w_source=str(w_path))
 
 
 def from_sparsify(raw: dict[str, Any], t: Mapping[str, torch.Tensor], *, cfg_source: str,

@@ -317,8 +317,7 @@ def threshold_above(t: NDArray[np.float64], dtype: torch.dtype = torch.float32) 
 @dataclass(frozen=True)
 class ScreenedPairs:
     """The pairs (row i, atom j) a screened product h̃_ij ≈ w_jᵀr_i cannot rule out of a query
-    (:func:`screen_pairs`), sorted by row then atom, with h̃ scaled back to the rows' scale (``screened``; NaN
-    for a pair only the ``top`` query kept), the
+    (:func:`screen_pairs`), sorted by row then atom, with h̃ scaled back to the rows' scale (``screened``), the
     bound E_i per row, and ``certain``: per row, the atoms with h̃_ij > above_i + margin + E_i (so for sure
     w_jᵀr_i > above_i + margin)."""
 
@@ -404,7 +403,7 @@ def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.f
                 band = threshold_below((run_max[kind] - two_e).cpu().numpy(), screen.dtype).to(dev)
                 r, c = torch.nonzero(Hm >= band.unsqueeze(1), as_tuple=True)
                 if r.numel():
-                    top_parts[kind].append((r, c + j0, Hm[r, c].double()))
+                    top_parts[kind].append((r, c + j0, Hm[r, c].double(), H[r, c].double()))
         for kind, tp in top_parts.items():
             if not tp:
                 continue
@@ -412,8 +411,9 @@ def screen_pairs(atoms: AtomRows, R: NDArray[np.float64], *, above: NDArray[np.f
             c = torch.cat([p[1] for p in tp])
             v = torch.cat([p[2] for p in tp])
             keep = v >= (run_max[kind] - two_e)[r]
+            h = torch.cat([p[3] for p in tp])[keep].cpu().numpy()
             r, c = r[keep].cpu().numpy(), c[keep].cpu().numpy()
-            parts.append((sel[r], c, np.full(r.size, np.nan)))
+            parts.append((sel[r], c, h * rho_s[r]))
     if not parts:
         return ScreenedPairs(empty, empty.copy(), np.zeros(0), bound, certain)
     pi = np.concatenate([p[0] for p in parts])
@@ -443,15 +443,24 @@ def _scaled_norms(R: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[
 
 def atom_max_products(atoms: AtomRows, V: NDArray[np.float64], workers: int = 1,
                       block: int = 4096) -> NDArray[np.float64]:
-    """max_k |w_kᵀv_d| over every atom k, exactly, for each row v_d of V (n, D): the screened products keep
-    the atoms that may attain it (:func:`screen_pairs`, ``top="abs"``) and
-    those are re-evaluated in float64; blocks of rows."""
+    """max_k |w_kᵀv_d| over every atom k, exactly, for each row v_d of V (n, D), blocks of rows. The screened
+    products keep the atoms that may attain it (:func:`screen_pairs`, ``top="abs"``: |h̃| ≥ max|h̃| − 2E); the
+    best screened one is re-evaluated in float64, which gives an attained value L ≤ max|h|, and of the rest only
+    those with |h̃| ≥ L − E can exceed L (|h| ≤ |h̃| + E); they are re-evaluated too."""
     out = np.zeros(V.shape[0])
     for lo in range(0, V.shape[0], block):
         Vb = np.ascontiguousarray(V[lo:lo + block])
         pairs = screen_pairs(atoms, Vb, top="abs")
-        h = np.abs(exact_products(atoms, Vb, pairs.rows, pairs.atoms, workers))
-        res = np.zeros(Vb.shape[0])
-        np.maximum.at(res, pairs.rows, h)
+        mag = np.abs(pairs.screened)
+        order = np.lexsort((-mag, pairs.rows))
+        rows, first = np.unique(pairs.rows[order], return_index=True)
+        best = order[first]
+        attained = np.zeros(Vb.shape[0])
+        attained[rows] = np.abs(exact_products(atoms, Vb, rows, pairs.atoms[best], workers))
+        rest = mag >= (attained - pairs.bound)[pairs.rows]
+        rest[best] = False
+        res = attained.copy()
+        np.maximum.at(res, pairs.rows[rest],
+                      np.abs(exact_products(atoms, Vb, pairs.rows[rest], pairs.atoms[rest], workers)))
         out[lo:lo + block] = res
     return out

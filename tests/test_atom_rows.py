@@ -60,6 +60,7 @@ def test_screen_pairs_answer_every_query(seed, D, d_z, n, fast, block_bytes, log
     assert want <= got
     exact = exact_products(atoms, R, p.rows, p.atoms)
     np.testing.assert_allclose(exact, H[p.rows, p.atoms], rtol=1e-12, atol=1e-12 * np.abs(H).max())
+    assert np.all(np.abs(p.screened - exact) <= p.bound[p.rows] * (1 + 1e-9))  # every pair's h̃ within E_i
 
 
 @settings(max_examples=30, deadline=None)

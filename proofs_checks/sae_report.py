@@ -50,7 +50,7 @@ from dictcheck.proofs_checks.cli.inputs import CODES_TOL_RANGE, checked_lambda, 
 from dictcheck.proofs_checks.dictionary_report import summary
 from dictcheck.proofs_checks.sae_polish import PolishInputs, PolishSettings, polish_report, polish_split, write_polished
 from dictcheck.solvers.devices import resolve_device
-from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
+from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck, require_exact
 from dictcheck.solvers.hull_distance import hull_candidate_distances
 from dictcheck.solvers.lam_search import lam_for_l0
 from dictcheck.solvers.lasso_codes import CodeSolver
@@ -266,6 +266,7 @@ def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArra
         metric_values = {"metrics_error": str(exc)}
     ex = solver.codes(X_in, b, lam, tol=settings.tol, sparse_output=True, progress=settings.progress,
                       init=encoder.to_matrix() if settings.warm_start else None)
+    require_exact(ex, "the exact codes of the SAE's decoder")
     log(f"pass 1 done: {N} tokens, exact codes' KKT violation {ex.kkt_violation:.2e}")
     stride = max(1, N // max(settings.search_tokens, 1))
     return _FirstPass(codes=SparseCodes.from_matrix(ex.Z), X_in=X_in, encoder_objective_sum=enc_sum,

@@ -53,7 +53,7 @@ from dictcheck.solvers.atom_rows import AtomRows
 from dictcheck.solvers.decoder_geometry import ANTIPODAL_COSINE, decoder_geometry
 from dictcheck.proofs_checks.sae_polish import PolishInputs, PolishSettings, polish_report, polish_split, write_polished
 from dictcheck.solvers.devices import resolve_device
-from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck
+from dictcheck.solvers.dictionary_check import UNIT_NORM_RTOL, DictionaryCheck, require_exact
 from dictcheck.solvers.hull_distance import hull_candidate_distances
 from dictcheck.solvers.lam_search import lam_for_l0
 from dictcheck.solvers.lasso_codes import CodeSolver
@@ -259,6 +259,7 @@ def _first_pass(model: Featurizer, src: RowSource, solver: CodeSolver, b: NDArra
     ex = solver.codes(X_in, b, lam, tol=settings.tol, sparse_output=True, progress=settings.progress,
                       init=encoder.to_matrix() if settings.warm_start else None)
     timings["exact_codes"] = time.perf_counter() - t
+    require_exact(ex, "the exact codes of the SAE's decoder")
     kkt = float(reduce.max(np.array([ex.kkt_violation]))[0])
     log(f"pass 1 done: {n_total} tokens, exact codes' KKT violation {kkt:.2e}")
     totals = reduce.sum(np.concatenate([[enc_sum, encoder.nnz, float(signed)],

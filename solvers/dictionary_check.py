@@ -23,12 +23,24 @@ from dictcheck.solvers.medians import huber_median
 from dictcheck.solvers.new_atom_search import NewAtomSearchResult, best_new_atom
 from dictcheck.solvers.stream_diagnostics import SparseCodes, batch_size_for, column_batches, stream_diagnostics
 from dictcheck.theory.certificate import certified_gap
-from dictcheck.theory.diagnostics import DictionaryDiagnostics, residuals
+from dictcheck.theory.diagnostics import DiagnosticTolerances, DictionaryDiagnostics, residuals
 from dictcheck.theory.objective import centred
 from dictcheck.theory.scaling import canonical_scale
 
 #: Atoms whose norm differs from 1 by more than this are reported as renormalised.
 UNIT_NORM_RTOL = 1e-12
+
+
+def require_exact(codes: ExactCodes, what: str = "the exact codes") -> ExactCodes:
+    """``codes`` if they met their tolerance or at least the diagnostics' KKT tolerance (1e-6, the level every
+    verdict of docs/theory.md §6 is judged at); ValueError otherwise: a verdict on codes that are not exact would be
+    the solver's, not the dictionary's. In float64 the codes reach a relative KKT violation of about ε·‖x̃‖/λ at best
+    (docs/theory.md §1.1), so this refuses data more than ~10⁹ times λ (a λ too small for the data)."""
+    if not codes.converged and codes.kkt_violation > DiagnosticTolerances().kkt:
+        raise ValueError(f"{what} reach a relative KKT violation of only {codes.kkt_violation:.3g} (asked for "
+                         f"{codes.tol:g}; verdicts are judged at {DiagnosticTolerances().kkt:g}): λ is too small for "
+                         "the data to be solved in float64 (the accuracy is about 2.2e-16·‖x̃‖/λ); give a larger λ")
+    return codes
 
 
 @dataclass(frozen=True)
@@ -126,12 +138,12 @@ def check_dictionary(
         raise ValueError("give a bias or ask to learn it, not both")
     if learn:
         fitted = learn_bias(W_unit, X, lam, tol=tol)
-        bias, codes, mode = fitted.b, fitted.codes, "learned"
+        bias, codes, mode = fitted.b, require_exact(fitted.codes), "learned"
     else:
         bias = np.zeros(X.shape[0]) if b is None else np.asarray(b, dtype=np.float64).reshape(-1)
         if bias.size != X.shape[0]:
             raise ValueError(f"bias has {bias.size} entries but the data have D = {X.shape[0]}")
-        codes = exact_codes(W_unit, X, bias, lam, tol=tol, progress=progress, sparse_output=True)
+        codes = require_exact(exact_codes(W_unit, X, bias, lam, tol=tol, progress=progress, sparse_output=True))
         mode = "given" if b is not None else "zero"
     sparse = SparseCodes.from_matrix(codes.Z)
     R = centred(X, bias) - sparse.decode(W_unit)

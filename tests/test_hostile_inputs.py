@@ -433,6 +433,11 @@ def _cases() -> list[tuple[str, list[str]]]:
                         ("--hull-atoms", "0"), ("--batch-size", "0")):
         add(f"check-sae{flag}-{value}", "check-sae", "{sae}", "--data", "{data.npy}", "--lam", "0.5", "--polish", "--hull",
             flag, value)
+    # λ so small against the data that float64 exact codes cannot meet the verdicts' tolerance: refused, no verdict
+    add("check-dict-lam-too-small-for-float64", "check-dict", "--dict", "{W.npy}", "--data", "{data.npy}", "--lam",
+        "1e-12")
+    add("check-sae-lam-too-small-for-float64", "check-sae", "{sae}", "--data", "{data.npy}", "--lam", "1e-12",
+        "--json")
     add("run-only-empty", "run", "--quick", "--only", "", "--out", "{new_out}")
     add("run-only-commas", "run", "--quick", "--only", " , ", "--out", "{new_out}")
     add("run-kind-empty", "run", "--quick", "--kind", "", "--out", "{new_out}")

@@ -116,6 +116,7 @@ def _check_dict(mode: str, s: float) -> dict[str, Any]:
 @given(s=SCALES, mode=st.sampled_from(["zero", "given"]))
 @example(s=1e4, mode="zero")  # the case: KKT 7.4e-6 and a false 'kkt' failure before
 @example(s=1e30, mode="zero")
+@example(s=1e40, mode="zero")  # inside the accepted |x| ≤ 1e50: objective/s² was 7.80 for 5.98 before
 @example(s=1e-30, mode="given")
 def test_check_dict_is_homogeneous(s: float, mode: str) -> None:
     ref = _dict_ref(mode)
@@ -255,6 +256,7 @@ def _sae_ref(arch: str, lam: str) -> dict[str, Any]:
 @given(s=SCALES, case=st.sampled_from([("topk", "given"), ("relu", "given"), ("topk", "auto")]))
 @example(s=1e3, case=("relu", "given"))  # KKT 8.7e-8 before, above the documented 1e-8
 @example(s=1e30, case=("topk", "given"))  # KKT 28.6 and a negative amortisation gap before
+@example(s=1e40, case=("topk", "given"))  # a float64 TopK SAE: exit 139 (segfault) before
 def test_check_sae_is_homogeneous(s: float, case: tuple[str, str]) -> None:
     ref = _sae_ref(*case)
     got = _check_sae(*case, s)

@@ -24,6 +24,7 @@ from dictcheck.proofs_checks.cli.inputs import (
     load_points,
     positive_lambda,
 )
+from dictcheck.proofs_checks.errors import UserError
 
 
 def _fmt(value: float | None) -> str:
@@ -72,8 +73,11 @@ def check_dict(args: argparse.Namespace) -> int:
     from dictcheck.proofs_checks.dictionary_report import summary
     from dictcheck.solvers.dictionary_check import check_dictionary
 
-    result = check_dictionary(W, X.T, lam, b=bias, learn=args.learn_bias, tol=tol,
-                              hull_candidates=args.hull, progress=sys.stderr.isatty())
+    try:
+        result = check_dictionary(W, X.T, lam, b=bias, learn=args.learn_bias, tol=tol,
+                                  hull_candidates=args.hull, progress=sys.stderr.isatty())
+    except ValueError as exc:  # what cannot be computed (solvers.dictionary_check.require_exact)
+        raise UserError(str(exc).splitlines()[0]) from None
     s = finite_result(summary(result), "check-dict")
     if args.json:
         print(json.dumps(s))

@@ -441,26 +441,50 @@ def _scaled_norms(R: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[
     return rho, norms / rho * (1.0 + 1e-12)
 
 
+def exact_extremes(atoms: AtomRows, R: NDArray[np.float64], rows: NDArray[np.int64], cols: NDArray[np.int64],
+                   screened: NDArray[np.float64], bound: NDArray[np.float64], tops: tuple[str, ...],
+                   need: NDArray[np.bool_] | None = None, workers: int = 1) -> NDArray[np.float64]:
+    """Exact products h = w_colᵀr_row (float64, :func:`exact_products`) of the screened pairs that may attain
+    their row's largest h ("max"), smallest ("min") or largest |h| ("abs") among the given pairs, and of those
+    marked in ``need``; NaN for the pairs left out. Per row and kind the best screened pair is evaluated first:
+    its exact value L is attained, and only pairs whose screened key reaches L − E_row can exceed it
+    (|h̃ − h| ≤ E_row), so only they are evaluated too."""
+    h = np.full(rows.size, np.nan)
+
+    def evaluate(mask: NDArray[np.bool_]) -> None:
+        idx = np.flatnonzero(mask & np.isnan(h))
+        h[idx] = exact_products(atoms, R, rows[idx], cols[idx], workers)
+
+    def key(kind: str, v: NDArray[np.float64]) -> NDArray[np.float64]:
+        return {"max": v, "min": -v, "abs": np.abs(v)}[kind]
+
+    first = np.zeros(rows.size, dtype=bool)
+    for kind in tops:
+        order = np.lexsort((-key(kind, screened), rows))
+        first[order[np.unique(rows[order], return_index=True)[1]]] = True
+    evaluate(first)
+    wanted = first if need is None else first | need
+    for kind in tops:
+        done = ~np.isnan(h)
+        attained = np.full(R.shape[0], -np.inf)
+        np.maximum.at(attained, rows[done], key(kind, h[done]))
+        wanted |= key(kind, screened) >= (attained - bound)[rows]
+    evaluate(wanted)
+    return h
+
+
 def atom_max_products(atoms: AtomRows, V: NDArray[np.float64], workers: int = 1,
                       block: int = 4096) -> NDArray[np.float64]:
-    """max_k |w_kᵀv_d| over every atom k, exactly, for each row v_d of V (n, D), blocks of rows. The screened
-    products keep the atoms that may attain it (:func:`screen_pairs`, ``top="abs"``: |h̃| ≥ max|h̃| − 2E); the
-    best screened one is re-evaluated in float64, which gives an attained value L ≤ max|h|, and of the rest only
-    those with |h̃| ≥ L − E can exceed L (|h| ≤ |h̃| + E); they are re-evaluated too."""
+    """max_k |w_kᵀv_d| over every atom k, exactly, for each row v_d of V (n, D), blocks of rows: the screened
+    products keep the atoms that may attain it (:func:`screen_pairs`, ``top="abs"``) and :func:`exact_extremes`
+    re-evaluates those that still may once the best one is known."""
     out = np.zeros(V.shape[0])
     for lo in range(0, V.shape[0], block):
         Vb = np.ascontiguousarray(V[lo:lo + block])
-        pairs = screen_pairs(atoms, Vb, top="abs")
-        mag = np.abs(pairs.screened)
-        order = np.lexsort((-mag, pairs.rows))
-        rows, first = np.unique(pairs.rows[order], return_index=True)
-        best = order[first]
-        attained = np.zeros(Vb.shape[0])
-        attained[rows] = np.abs(exact_products(atoms, Vb, rows, pairs.atoms[best], workers))
-        rest = mag >= (attained - pairs.bound)[pairs.rows]
-        rest[best] = False
-        res = attained.copy()
-        np.maximum.at(res, pairs.rows[rest],
-                      np.abs(exact_products(atoms, Vb, pairs.rows[rest], pairs.atoms[rest], workers)))
+        p = screen_pairs(atoms, Vb, top="abs")
+        h = exact_extremes(atoms, Vb, p.rows, p.atoms, p.screened, p.bound, ("abs",), workers=workers)
+        done = ~np.isnan(h)
+        res = np.zeros(Vb.shape[0])
+        np.maximum.at(res, p.rows[done], np.abs(h[done]))
         out[lo:lo + block] = res
     return out

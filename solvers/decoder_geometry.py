@@ -7,7 +7,8 @@ For unit atoms w_d, c_dj = w_dᵀw_j. :func:`decoder_geometry` returns, for a di
 * each atom's **nearest** other atom (largest c_dj, j ≠ d) and its **most antipodal** one (smallest c_dj),
 
 from screened products of blocks of atoms with all atoms (:func:`~dictcheck.solvers.atom_rows.screen_pairs`:
-every c_dj that may pass the threshold or attain a row's maximum or minimum is re-evaluated in float64), so
+every c_dj that may pass the threshold or attain a row's maximum or minimum once the best screened one is
+known is re-evaluated in float64, :func:`~dictcheck.solvers.atom_rows.exact_extremes`), so
 every reported cosine is exact and the memory is the atoms plus one block of products. Ties go to the lower
 atom index. The time is d_z²·D multiply-adds in the screen's precision (bfloat16 on matrix units).
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from dictcheck.solvers.atom_rows import AtomRows, exact_products, screen_pairs
+from dictcheck.solvers.atom_rows import AtomRows, exact_extremes, screen_pairs
 from dictcheck.solvers.reductions import LOCAL, Reduction
 
 __all__ = ["DecoderGeometry", "decoder_geometry", "ANTIPODAL_COSINE"]
@@ -64,8 +65,12 @@ def decoder_geometry(atoms: AtomRows, threshold: float = ANTIPODAL_COSINE, worke
         pairs = screen_pairs(atoms, V, below=np.full(n, threshold), top=("max", "min"), exclude=(own, own + lo),
                              scale=np.ones(n))
         keep = pairs.atoms != pairs.rows + lo
-        rows, cols = pairs.rows[keep], pairs.atoms[keep]
-        c = exact_products(atoms, V, rows, cols, workers)
+        rows, cols, screened = pairs.rows[keep], pairs.atoms[keep], pairs.screened[keep]
+        may_pass = screened < threshold + pairs.bound[rows]
+        c = exact_extremes(atoms, V, rows, cols, screened, pairs.bound, ("max", "min"), need=may_pass,
+                           workers=workers)
+        evaluated = ~np.isnan(c)
+        rows, cols, c = rows[evaluated], cols[evaluated], c[evaluated]
         below = (c < threshold) & (rows + lo < cols)
         pair_l.append(np.stack([rows[below] + lo, cols[below]], axis=1))
         cos_l.append(c[below])
